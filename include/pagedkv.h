@@ -1,0 +1,326 @@
+/*
+ * pagedkv: a paged K/V cache runtime for LLM inference engines.
+ *
+ * The K/V cache of many ragged sequences lives in fixed-size pages; sequences are value handles that
+ * detect stale use; new K/V rows are appended per step; decode runs paged attention over the pages.
+ *
+ * This header is the whole public API. It is C99 and compiles as C and C++ with no other header.
+ *
+ * Sections:
+ *   1. Version and export macros
+ *   2. Status codes and errors
+ *   3. Enumerations (backends, formats, memory kinds)
+ *   4. Contexts (a backend, a device, a stream)
+ *   5. Pools and sequences
+ *   6. Append, write and read of K/V rows
+ *   7. Decode
+ *   8. Statistics and format helpers
+ *
+ * Conventions
+ *   - Every function returns a pkv_status (PKV_OK = 0). On failure nothing changed, and
+ *     pkv_last_error() gives this thread's detail text. No C++ exception crosses the boundary.
+ *   - Argument structs begin with `struct_size`; initialise them with their PKV_*_INIT macro. Structs
+ *     only grow at the end: the library reads the fields the caller's struct_size covers and rejects a
+ *     struct_size smaller than the first release's layout.
+ *   - Enums are 32-bit.
+ *
+ * Threads
+ *   - pkv_last_error() is per thread.
+ *   - A pool's bookkeeping calls (pkv_seq_*, pkv_append, pkv_pool_stats) are safe to call from several
+ *     threads at once; each takes the pool's lock.
+ *   - pkv_write, pkv_read and pkv_decode also take the pool's lock; their device work is ordered by the
+ *     context's stream.
+ *   - Contexts and pools are destroyed by one thread when no other call on them is in flight.
+ */
+#ifndef PAGEDKV_H
+#define PAGEDKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------------------------------------------
+ * 1. Version and export macros
+ * ------------------------------------------------------------------------------------------------- */
+#define PKV_VERSION_MAJOR 0
+#define PKV_VERSION_MINOR 1
+#define PKV_VERSION_PATCH 0
+#define PKV_VERSION_NUMBER (PKV_VERSION_MAJOR * 10000 + PKV_VERSION_MINOR * 100 + PKV_VERSION_PATCH)
+
+#define PKV_STRINGIFY_(x) #x
+#define PKV_STRINGIFY(x) PKV_STRINGIFY_(x)
+#define PKV_VERSION_STRING                                                                          \
+  PKV_STRINGIFY(PKV_VERSION_MAJOR) "." PKV_STRINGIFY(PKV_VERSION_MINOR) "." PKV_STRINGIFY(PKV_VERSION_PATCH)
+
+/* PKV_API marks exported functions. Building the library defines PKV_BUILDING; a Windows program that
+ * links the DLL's import library defines PKV_DLL. Static linking needs neither. */
+#if defined(_WIN32)
+#if defined(PKV_BUILDING) && defined(PKV_SHARED)
+#define PKV_API __declspec(dllexport)
+#elif defined(PKV_DLL)
+#define PKV_API __declspec(dllimport)
+#else
+#define PKV_API
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define PKV_API __attribute__((visibility("default")))
+#else
+#define PKV_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* PKV_VERSION_NUMBER of the library actually loaded (may differ from the header compiled against). */
+PKV_API uint32_t pkv_version(void);
+PKV_API const char *pkv_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 2. Status codes and errors
+ * ------------------------------------------------------------------------------------------------- */
+typedef enum pkv_status {
+  PKV_OK = 0,
+  PKV_ERR_INVALID_ARGUMENT = 1, /* a NULL, an out-of-range value, an inconsistent combination */
+  PKV_ERR_STRUCT_SIZE = 2,      /* struct_size smaller than this library knows, or not set */
+  PKV_ERR_STALE_HANDLE = 3,     /* zero handle, freed handle, or a handle from another pool */
+  PKV_ERR_OUT_OF_PAGES = 4,     /* the pool has too few free pages: nothing was appended */
+  PKV_ERR_OUT_OF_SEQUENCES = 5, /* every sequence slot of the pool is in use */
+  PKV_ERR_OUT_OF_MEMORY = 6,    /* host or device memory exhausted */
+  PKV_ERR_UNSUPPORTED = 7,      /* not supported by this build, backend, or shape */
+  PKV_ERR_NO_DEVICE = 8,        /* the backend's runtime or device was not found */
+  PKV_ERR_BACKEND = 9,          /* the device runtime reported an error */
+  PKV_ERR_VERSION = 10,         /* a version the library does not provide was asked for */
+  PKV_ERR_INTERNAL = 11,        /* a bug in pagedkv: please report the last-error text */
+  PKV_STATUS_FORCE32_ = 0x7fffffff
+} pkv_status;
+
+/* A static, never-NULL text naming a status and what it means; unknown values are named so. */
+PKV_API const char *pkv_status_string(pkv_status status);
+
+/* This thread's detail text for the last failed call (which argument, what was expected). Empty after a
+ * call that succeeded. Never NULL; the pointer stays valid for the thread's lifetime and its text
+ * changes with the thread's next pagedkv call. */
+PKV_API const char *pkv_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 3. Enumerations
+ * ------------------------------------------------------------------------------------------------- */
+typedef enum pkv_backend {
+  PKV_BACKEND_AUTO = 0, /* the environment variable PKV_BACKEND (auto|cpu|cuda|hip), else the first that works */
+  PKV_BACKEND_CPU = 1,
+  PKV_BACKEND_CUDA = 2,
+  PKV_BACKEND_HIP = 3,
+  PKV_BACKEND_FORCE32_ = 0x7fffffff
+} pkv_backend;
+
+/* Element formats. Pages may use any of them; q, out and source rows use F32, F16 or BF16.
+ * Q8_0 and Q4_0 follow ggml's arithmetic in groups of 32 values along head_dim with an fp16 scale. */
+typedef enum pkv_format {
+  PKV_FORMAT_INVALID = 0,
+  PKV_FORMAT_F32 = 1,
+  PKV_FORMAT_F16 = 2,
+  PKV_FORMAT_BF16 = 3,
+  PKV_FORMAT_Q8_0 = 4,
+  PKV_FORMAT_Q4_0 = 5,
+  PKV_FORMAT_FORCE32_ = 0x7fffffff
+} pkv_format;
+
+/* Where a caller's pointer points. The CPU backend's device memory is host memory. */
+typedef enum pkv_memory {
+  PKV_MEMORY_HOST = 0,
+  PKV_MEMORY_DEVICE = 1,
+  PKV_MEMORY_FORCE32_ = 0x7fffffff
+} pkv_memory;
+
+PKV_API const char *pkv_backend_name(pkv_backend backend); /* "auto", "cpu", "cuda", "hip" or "unknown" */
+PKV_API const char *pkv_format_name(pkv_format format);    /* "f32", "f16", ... or "unknown" */
+
+/* ---------------------------------------------------------------------------------------------------
+ * 4. Contexts
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct pkv_context pkv_context;
+
+typedef struct pkv_context_desc {
+  uint32_t struct_size;
+  pkv_backend backend; /* PKV_BACKEND_AUTO: see pkv_backend */
+  int32_t device;      /* device ordinal for GPU backends */
+  uint32_t threads;    /* CPU backend worker threads; 0: one per hardware thread */
+  void *stream;        /* GPU backends: the engine's CUstream / hipStream_t, or NULL for the library's own */
+} pkv_context_desc;
+#define PKV_CONTEXT_DESC_INIT { (uint32_t)sizeof(pkv_context_desc), PKV_BACKEND_AUTO, 0, 0, NULL }
+
+PKV_API pkv_status pkv_context_create(const pkv_context_desc *desc, pkv_context **out);
+/* Destroying a context with live pools is refused (PKV_ERR_INVALID_ARGUMENT). NULL is accepted. */
+PKV_API pkv_status pkv_context_destroy(pkv_context *ctx);
+PKV_API pkv_status pkv_context_backend(const pkv_context *ctx, pkv_backend *out);
+/* Waits for all work enqueued on the context's stream. */
+PKV_API pkv_status pkv_context_synchronize(pkv_context *ctx);
+
+/* What a backend offers in this build on this machine, without creating a context. */
+typedef struct pkv_backend_info {
+  uint32_t struct_size;
+  pkv_backend backend;
+  int32_t compiled;     /* 1 when built into this library */
+  int32_t device_count; /* devices usable now; 0 when none (detail says why) */
+  char detail[256];     /* device names or the reason none is usable; NUL-terminated */
+} pkv_backend_info;
+#define PKV_BACKEND_INFO_INIT { (uint32_t)sizeof(pkv_backend_info), PKV_BACKEND_AUTO, 0, 0, { 0 } }
+
+PKV_API pkv_status pkv_backend_query(pkv_backend backend, pkv_backend_info *info);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 5. Pools and sequences
+ *
+ * A pool holds `pages` pages; one page id addresses that page in every layer, for K and for V. A page
+ * holds `page_size` consecutive tokens of one sequence, laid out [kv_head][slot][head_dim].
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct pkv_pool pkv_pool;
+
+/* A sequence handle: a value (slot + generation + pool tag). The zero handle is never valid; a freed
+ * handle, or one from another pool, is reported as PKV_ERR_STALE_HANDLE, never silently reused. */
+typedef struct pkv_seq {
+  uint64_t id;
+} pkv_seq;
+
+typedef struct pkv_pool_desc {
+  uint32_t struct_size;
+  uint32_t layers;          /* >= 1 */
+  uint32_t kv_heads;        /* >= 1 */
+  uint32_t head_dim;        /* a multiple of 32, 32..256 */
+  uint32_t page_size;       /* tokens per page: a power of two, 1..1024 (default 16) */
+  uint32_t pages;           /* capacity in pages, >= 1 */
+  uint32_t max_sequences;   /* live sequences at once, 1..1048576 (default 256) */
+  pkv_format k_format;      /* F32, F16, BF16, Q8_0 or Q4_0 (default F16) */
+  pkv_format v_format;      /* chosen independently of k_format (default F16) */
+  uint32_t page_order_seed; /* 0: free pages handed out lowest id first; else shuffled with this seed */
+} pkv_pool_desc;
+#define PKV_POOL_DESC_INIT                                                                          \
+  { (uint32_t)sizeof(pkv_pool_desc), 0, 0, 0, 16, 0, 256, PKV_FORMAT_F16, PKV_FORMAT_F16, 0 }
+
+PKV_API pkv_status pkv_pool_create(pkv_context *ctx, const pkv_pool_desc *desc, pkv_pool **out);
+/* Frees the pages and invalidates every handle. NULL is accepted. */
+PKV_API pkv_status pkv_pool_destroy(pkv_pool *pool);
+
+/* A new, empty sequence. */
+PKV_API pkv_status pkv_seq_alloc(pkv_pool *pool, pkv_seq *out);
+/* Returns the sequence's pages at once (pages shared with a fork stay with it); the handle is stale. */
+PKV_API pkv_status pkv_seq_free(pkv_pool *pool, pkv_seq seq);
+/* A new sequence with the parent's tokens. Pages are shared by reference count; a shared page that is
+ * only partly filled is copied by the first of its holders that appends into it (copy on write). */
+PKV_API pkv_status pkv_seq_fork(pkv_pool *pool, pkv_seq parent, pkv_seq *child);
+/* Rolls the sequence back to new_length <= its length; pages past it return to the pool at once. */
+PKV_API pkv_status pkv_seq_truncate(pkv_pool *pool, pkv_seq seq, uint32_t new_length);
+PKV_API pkv_status pkv_seq_length(pkv_pool *pool, pkv_seq seq, uint32_t *out);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 6. Append, write and read
+ * ------------------------------------------------------------------------------------------------- */
+
+/* Adds n_new[i] token slots to seqs[i], for i < count. Transactional: either every sequence gets its
+ * pages and its length advances, or nothing changes (PKV_ERR_OUT_OF_PAGES when the pool is short).
+ * A sequence may appear only once per call. The new slots hold no K/V until pkv_write fills them. */
+PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count);
+
+/* Fills K/V rows of one layer: for each i < count, rows for the newest n_tokens[i] positions of
+ * seqs[i], i.e. positions [length - n_tokens[i], length). Rows are packed over the batch:
+ * k and v are [sum n_tokens][kv_heads][head_dim] in src_format (F32, F16 or BF16), and are quantized
+ * into the page format (Q8_0/Q4_0 with ggml's arithmetic). Host rows are copied before the call
+ * returns. The target positions must not lie in a page shared with another sequence. */
+typedef struct pkv_write_args {
+  uint32_t struct_size;
+  uint32_t layer;
+  const pkv_seq *seqs;
+  const uint32_t *n_tokens;
+  uint32_t count;
+  pkv_format src_format;
+  pkv_memory memory; /* where k and v live */
+  const void *k;
+  const void *v;
+} pkv_write_args;
+#define PKV_WRITE_ARGS_INIT                                                                         \
+  { (uint32_t)sizeof(pkv_write_args), 0, NULL, NULL, 0, PKV_FORMAT_F32, PKV_MEMORY_HOST, NULL, NULL }
+
+PKV_API pkv_status pkv_write(pkv_pool *pool, const pkv_write_args *args);
+
+/* Reads rows of one layer back, dequantized to dst_format (F32, F16 or BF16): positions
+ * [start, start + count) of seq into k and/or v, each [count][kv_heads][head_dim] (either may be NULL).
+ * Synchronous: the data is in place when the call returns. */
+typedef struct pkv_read_args {
+  uint32_t struct_size;
+  uint32_t layer;
+  pkv_seq seq;
+  uint32_t start;
+  uint32_t count;
+  pkv_format dst_format;
+  pkv_memory memory; /* where k and v live */
+  void *k;
+  void *v;
+} pkv_read_args;
+#define PKV_READ_ARGS_INIT                                                                          \
+  { (uint32_t)sizeof(pkv_read_args), 0, { 0 }, 0, 0, PKV_FORMAT_F32, PKV_MEMORY_HOST, NULL, NULL }
+
+PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 7. Decode
+ *
+ * For each sequence b < count and query head h < q_heads:
+ *   out[b][t][h] = softmax(scale * q[b][t][h] . K^T) V over the sequence's tokens, where K and V are
+ *   those of KV head h / (q_heads / kv_heads) (grouped-query attention).
+ * An empty sequence gives out = 0 and lse = -infinity.
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct pkv_decode_args {
+  uint32_t struct_size;
+  uint32_t layer;
+  const pkv_seq *seqs;
+  uint32_t count;       /* batch size */
+  uint32_t q_heads;     /* a multiple of the pool's kv_heads */
+  uint32_t q_tokens;    /* query tokens per sequence; 1 in this version */
+  float scale;          /* softmax scale; 0 selects 1/sqrt(head_dim) */
+  pkv_format q_format;  /* F32, F16 or BF16 */
+  pkv_format out_format;/* F32, F16 or BF16 */
+  pkv_memory memory;    /* where q, out and lse live */
+  const void *q;        /* [count][q_tokens][q_heads][head_dim] */
+  void *out;            /* [count][q_tokens][q_heads][head_dim] */
+  float *lse;           /* NULL, or [count][q_tokens][q_heads]: natural-log sum of exp(scale q.k) */
+  uint32_t chunk_pages; /* 0: the planner splits contexts; N: each split-K chunk covers at most N pages
+                           (UINT32_MAX: no split); results agree within rounding either way */
+} pkv_decode_args;
+#define PKV_DECODE_ARGS_INIT                                                                        \
+  { (uint32_t)sizeof(pkv_decode_args), 0, NULL, 0, 0, 1, 0.0f, PKV_FORMAT_F32, PKV_FORMAT_F32,       \
+    PKV_MEMORY_HOST, NULL, NULL, NULL, 0 }
+
+PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 8. Statistics and format helpers
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct pkv_pool_stats {
+  uint32_t struct_size;
+  uint32_t pages_total;
+  uint32_t pages_free;
+  uint32_t pages_shared;    /* pages held by more than one sequence */
+  uint32_t sequences_live;
+  uint32_t max_sequences;
+  uint64_t tokens_live;     /* sum of the live sequences' lengths */
+  uint64_t bytes_total;     /* device bytes of all pages, all layers, K and V */
+  uint64_t bytes_per_page;  /* one page id: all layers, K and V, scales included */
+  uint64_t bytes_per_token; /* K/V bytes one token stores over all layers, scales included */
+} pkv_pool_stats;
+#define PKV_POOL_STATS_INIT { (uint32_t)sizeof(pkv_pool_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out);
+
+/* Converts n values (a multiple of 32 for Q8_0/Q4_0) between F32 and another format's row encoding.
+ * Q8_0 and Q4_0 use ggml's block layout (34- and 18-byte blocks: fp16 scale, then the quants), so
+ * engines can import and export rows in the form they already use. */
+PKV_API pkv_status pkv_convert_from_f32(pkv_format dst_format, const float *src, size_t n, void *dst);
+PKV_API pkv_status pkv_convert_to_f32(pkv_format src_format, const void *src, size_t n, float *dst);
+/* Bytes n values take in a format's row encoding (0 when n is not valid for the format). */
+PKV_API size_t pkv_format_row_bytes(pkv_format format, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PAGEDKV_H */

@@ -1,0 +1,293 @@
+// The C boundary: every public function checks its arguments, runs, and turns whatever went wrong
+// into a status plus this thread's last-error text. No exception leaves this file.
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "context.hpp"
+#include "error.hpp"
+#include "format.hpp"
+#include "loader/select.hpp"
+#include "pool.hpp"
+
+using pkv::fail;
+
+namespace {
+
+template <class Fn> pkv_status guarded(const char *function, Fn &&fn) {
+  try {
+    fn();
+    pkv::clear_last_error();
+    return PKV_OK;
+  } catch (const pkv::Error &e) {
+    pkv::set_last_error(e.status, std::string(function) + ": " + e.message);
+    return e.status;
+  } catch (const std::bad_alloc &) {
+    pkv::set_last_error(PKV_ERR_OUT_OF_MEMORY, std::string(function) + ": host memory exhausted");
+    return PKV_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception &e) {
+    pkv::set_last_error(PKV_ERR_INTERNAL, std::string(function) + ": " + e.what());
+    return PKV_ERR_INTERNAL;
+  } catch (...) {
+    pkv::set_last_error(PKV_ERR_INTERNAL, std::string(function) + ": unknown exception");
+    return PKV_ERR_INTERNAL;
+  }
+}
+
+void check_pointer(const void *p, const char *what) {
+  if (!p) fail(PKV_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+}
+
+// The smallest struct_size accepted is the struct as first released (version 0.1: today's size); a
+// larger one comes from a newer header and its extra fields are not read.
+template <class T> T read_struct(const T *p, const char *what, const char *init) {
+  check_pointer(p, what);
+  if (p->struct_size < sizeof(T))
+    fail(PKV_ERR_STRUCT_SIZE, "%s->struct_size is %u, this library needs at least %u: initialise it with %s", what,
+         p->struct_size, unsigned(sizeof(T)), init);
+  T copy;
+  std::memcpy(&copy, p, sizeof(T));
+  return copy;
+}
+
+// Output structs: the caller sets struct_size, the library fills what both know.
+template <class T> void write_struct(T *dst, const T &src, const char *what, const char *init) {
+  read_struct(dst, what, init);
+  T out = src;
+  out.struct_size = dst->struct_size;
+  std::memcpy(dst, &out, sizeof(T));
+}
+
+bool power_of_two(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+void check_page_format(pkv_format f, const char *what) {
+  if (!pkv::is_page_format(f))
+    fail(PKV_ERR_INVALID_ARGUMENT, "%s is %d: expected one of f32, f16, bf16, q8_0, q4_0", what, int(f));
+}
+
+constexpr uint32_t kMaxKvHeads = 4096;
+
+void check_pool_desc(const pkv_pool_desc &d) {
+  if (d.layers == 0) fail(PKV_ERR_INVALID_ARGUMENT, "desc->layers is 0");
+  if (d.kv_heads == 0 || d.kv_heads > kMaxKvHeads)
+    fail(PKV_ERR_INVALID_ARGUMENT, "desc->kv_heads is %u: expected 1..%u", d.kv_heads, kMaxKvHeads);
+  if (d.head_dim == 0 || d.head_dim % pkv::kGroup != 0 || d.head_dim > 256)
+    fail(PKV_ERR_INVALID_ARGUMENT, "desc->head_dim is %u: expected a multiple of 32 from 32 to 256", d.head_dim);
+  if (!power_of_two(d.page_size) || d.page_size > 1024)
+    fail(PKV_ERR_INVALID_ARGUMENT, "desc->page_size is %u: expected a power of two from 1 to 1024", d.page_size);
+  if (d.pages == 0) fail(PKV_ERR_INVALID_ARGUMENT, "desc->pages is 0");
+  if (d.max_sequences == 0 || d.max_sequences > pkv::HandleTable::kMaxSlots)
+    fail(PKV_ERR_INVALID_ARGUMENT, "desc->max_sequences is %u: expected 1..%u", d.max_sequences,
+         pkv::HandleTable::kMaxSlots);
+  check_page_format(d.k_format, "desc->k_format");
+  check_page_format(d.v_format, "desc->v_format");
+  const uint64_t block = pkv::make_plane_layout(d.k_format, d.kv_heads, d.page_size, d.head_dim).bytes +
+                         pkv::make_plane_layout(d.v_format, d.kv_heads, d.page_size, d.head_dim).bytes;
+  if (uint64_t(d.layers) * d.pages > std::numeric_limits<uint64_t>::max() / block)
+    fail(PKV_ERR_OUT_OF_MEMORY, "%u layers x %u pages x %llu bytes does not fit in 64 bits", d.layers, d.pages,
+         (unsigned long long)block);
+}
+
+pkv_pool &pool_ref(pkv_pool *pool) {
+  check_pointer(pool, "pool");
+  return *pool;
+}
+
+} // namespace
+
+extern "C" {
+
+PKV_API uint32_t pkv_version(void) { return PKV_VERSION_NUMBER; }
+
+PKV_API const char *pkv_version_string(void) { return PKV_VERSION_STRING; }
+
+PKV_API const char *pkv_status_string(pkv_status status) {
+  switch (status) {
+  case PKV_OK: return "PKV_OK: success";
+  case PKV_ERR_INVALID_ARGUMENT: return "PKV_ERR_INVALID_ARGUMENT: an argument is NULL, out of range or inconsistent";
+  case PKV_ERR_STRUCT_SIZE: return "PKV_ERR_STRUCT_SIZE: struct_size is not set or too small";
+  case PKV_ERR_STALE_HANDLE: return "PKV_ERR_STALE_HANDLE: the sequence handle is zero, freed or from another pool";
+  case PKV_ERR_OUT_OF_PAGES: return "PKV_ERR_OUT_OF_PAGES: the pool has too few free pages";
+  case PKV_ERR_OUT_OF_SEQUENCES: return "PKV_ERR_OUT_OF_SEQUENCES: every sequence slot is in use";
+  case PKV_ERR_OUT_OF_MEMORY: return "PKV_ERR_OUT_OF_MEMORY: host or device memory exhausted";
+  case PKV_ERR_UNSUPPORTED: return "PKV_ERR_UNSUPPORTED: not supported by this build, backend or shape";
+  case PKV_ERR_NO_DEVICE: return "PKV_ERR_NO_DEVICE: the backend's runtime or device was not found";
+  case PKV_ERR_BACKEND: return "PKV_ERR_BACKEND: the device runtime reported an error";
+  case PKV_ERR_VERSION: return "PKV_ERR_VERSION: the requested version is not provided";
+  case PKV_ERR_INTERNAL: return "PKV_ERR_INTERNAL: internal error";
+  default: return "unknown pkv_status value";
+  }
+}
+
+PKV_API const char *pkv_last_error(void) { return pkv::last_error(); }
+
+PKV_API const char *pkv_backend_name(pkv_backend backend) {
+  switch (backend) {
+  case PKV_BACKEND_AUTO: return "auto";
+  case PKV_BACKEND_CPU: return "cpu";
+  case PKV_BACKEND_CUDA: return "cuda";
+  case PKV_BACKEND_HIP: return "hip";
+  default: return "unknown";
+  }
+}
+
+PKV_API const char *pkv_format_name(pkv_format format) {
+  switch (format) {
+  case PKV_FORMAT_F32: return "f32";
+  case PKV_FORMAT_F16: return "f16";
+  case PKV_FORMAT_BF16: return "bf16";
+  case PKV_FORMAT_Q8_0: return "q8_0";
+  case PKV_FORMAT_Q4_0: return "q4_0";
+  default: return "unknown";
+  }
+}
+
+PKV_API pkv_status pkv_context_create(const pkv_context_desc *desc, pkv_context **out) {
+  return guarded(__func__, [&] {
+    const pkv_context_desc d = read_struct(desc, "desc", "PKV_CONTEXT_DESC_INIT");
+    check_pointer(out, "out");
+    auto ctx = std::make_unique<pkv_context>();
+    ctx->backend = pkv::create_backend(d);
+    *out = ctx.release();
+  });
+}
+
+PKV_API pkv_status pkv_context_destroy(pkv_context *ctx) {
+  return guarded(__func__, [&] {
+    if (!ctx) return;
+    if (ctx->pools > 0)
+      fail(PKV_ERR_INVALID_ARGUMENT, "the context still has %u live pools: destroy them first", unsigned(ctx->pools));
+    delete ctx;
+  });
+}
+
+PKV_API pkv_status pkv_context_backend(const pkv_context *ctx, pkv_backend *out) {
+  return guarded(__func__, [&] {
+    check_pointer(ctx, "ctx");
+    check_pointer(out, "out");
+    *out = ctx->backend->kind();
+  });
+}
+
+PKV_API pkv_status pkv_context_synchronize(pkv_context *ctx) {
+  return guarded(__func__, [&] {
+    check_pointer(ctx, "ctx");
+    ctx->backend->synchronize();
+  });
+}
+
+PKV_API pkv_status pkv_backend_query(pkv_backend backend, pkv_backend_info *info) {
+  return guarded(__func__, [&] {
+    pkv_backend_info filled = read_struct(info, "info", "PKV_BACKEND_INFO_INIT");
+    pkv::query_backend(backend, &filled);
+    write_struct(info, filled, "info", "PKV_BACKEND_INFO_INIT");
+  });
+}
+
+PKV_API pkv_status pkv_pool_create(pkv_context *ctx, const pkv_pool_desc *desc, pkv_pool **out) {
+  return guarded(__func__, [&] {
+    check_pointer(ctx, "ctx");
+    const pkv_pool_desc d = read_struct(desc, "desc", "PKV_POOL_DESC_INIT");
+    check_pointer(out, "out");
+    check_pool_desc(d);
+    *out = new pkv_pool(ctx, d);
+  });
+}
+
+PKV_API pkv_status pkv_pool_destroy(pkv_pool *pool) {
+  return guarded(__func__, [&] { delete pool; });
+}
+
+PKV_API pkv_status pkv_seq_alloc(pkv_pool *pool, pkv_seq *out) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    check_pointer(out, "out");
+    *out = p.alloc();
+  });
+}
+
+PKV_API pkv_status pkv_seq_free(pkv_pool *pool, pkv_seq seq) {
+  return guarded(__func__, [&] { pool_ref(pool).free(seq); });
+}
+
+PKV_API pkv_status pkv_seq_fork(pkv_pool *pool, pkv_seq parent, pkv_seq *child) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    check_pointer(child, "child");
+    *child = p.fork(parent);
+  });
+}
+
+PKV_API pkv_status pkv_seq_truncate(pkv_pool *pool, pkv_seq seq, uint32_t new_length) {
+  return guarded(__func__, [&] { pool_ref(pool).truncate(seq, new_length); });
+}
+
+PKV_API pkv_status pkv_seq_length(pkv_pool *pool, pkv_seq seq, uint32_t *out) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    check_pointer(out, "out");
+    *out = p.length(seq);
+  });
+}
+
+PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count) {
+  return guarded(__func__, [&] { pool_ref(pool).append(seqs, n_new, count); });
+}
+
+PKV_API pkv_status pkv_write(pkv_pool *pool, const pkv_write_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    p.write(read_struct(args, "args", "PKV_WRITE_ARGS_INIT"));
+  });
+}
+
+PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    p.read(read_struct(args, "args", "PKV_READ_ARGS_INIT"));
+  });
+}
+
+PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    p.decode(read_struct(args, "args", "PKV_DECODE_ARGS_INIT"));
+  });
+}
+
+PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    write_struct(out, p.stats(), "out", "PKV_POOL_STATS_INIT");
+  });
+}
+
+PKV_API pkv_status pkv_convert_from_f32(pkv_format dst_format, const float *src, size_t n, void *dst) {
+  return guarded(__func__, [&] {
+    check_page_format(dst_format, "dst_format");
+    check_pointer(src, "src");
+    check_pointer(dst, "dst");
+    if (pkv::row_bytes(dst_format, n) == 0 && n != 0)
+      fail(PKV_ERR_INVALID_ARGUMENT, "n is %zu: %s rows hold a multiple of 32 values", n, pkv_format_name(dst_format));
+    pkv::encode_ggml_row(dst_format, src, n, dst);
+  });
+}
+
+PKV_API pkv_status pkv_convert_to_f32(pkv_format src_format, const void *src, size_t n, float *dst) {
+  return guarded(__func__, [&] {
+    check_page_format(src_format, "src_format");
+    check_pointer(src, "src");
+    check_pointer(dst, "dst");
+    if (pkv::row_bytes(src_format, n) == 0 && n != 0)
+      fail(PKV_ERR_INVALID_ARGUMENT, "n is %zu: %s rows hold a multiple of 32 values", n, pkv_format_name(src_format));
+    pkv::decode_ggml_row(src_format, src, n, dst);
+  });
+}
+
+PKV_API size_t pkv_format_row_bytes(pkv_format format, size_t n) {
+  return pkv::is_page_format(format) ? pkv::row_bytes(format, n) : 0;
+}
+
+} // extern "C"

@@ -1,0 +1,73 @@
+// The one interface a backend implements: device memory, page copies, the scatter of new rows into
+// pages, the gather of rows back out, decode, and a synchronize. Arguments are plain data; the pool
+// decides what to do and a backend only does it.
+#pragma once
+
+#include <cstdint>
+
+#include "geometry.hpp"
+#include "plan.hpp"
+#include "pagedkv.h"
+
+namespace pkv {
+
+struct PageCopy {
+  uint32_t src, dst; // whole pages, every layer, K and V
+};
+
+struct RowSlot {
+  uint32_t page, slot;
+};
+
+// Rows packed [rows][kv_heads][head_dim] in `format`, each going to (or coming from) one slot.
+struct RowTransfer {
+  uint32_t layer;
+  uint32_t rows;
+  pkv_format format; // F32, F16 or BF16
+  pkv_memory memory;
+  const RowSlot *slots; // host array of `rows` entries
+};
+
+struct ScatterArgs : RowTransfer {
+  const void *k, *v;
+};
+
+struct GatherArgs : RowTransfer {
+  void *k, *v; // either may be null
+};
+
+// One layer's attention for a batch. Pages of sequence b are page_ids[page_begin[b] .. page_begin[b+1]).
+struct DecodeBatch {
+  uint32_t layer, count, q_heads;
+  float scale;
+  pkv_format q_format, out_format;
+  pkv_memory memory;
+  const void *q;
+  void *out;
+  float *lse;
+  const uint32_t *lengths;    // host, count
+  const uint32_t *page_begin; // host, count + 1
+  const uint32_t *page_ids;   // host
+  const DecodePlan *plan;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual pkv_backend kind() const = 0;
+  // How many work items run at once: what the planner splits contexts for.
+  virtual uint32_t workers() const = 0;
+
+  // Throws PKV_ERR_OUT_OF_MEMORY when the device has too little. Memory need not be zeroed.
+  virtual DevPtr alloc(uint64_t bytes) = 0;
+  virtual void release(DevPtr ptr) noexcept = 0;
+
+  virtual void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) = 0;
+  virtual void scatter(const PoolGeometry &g, const ScatterArgs &args) = 0;
+  // Synchronous: the rows are in place on return.
+  virtual void gather(const PoolGeometry &g, const GatherArgs &args) = 0;
+  virtual void decode(const PoolGeometry &g, const DecodeBatch &batch) = 0;
+  virtual void synchronize() = 0;
+};
+
+} // namespace pkv

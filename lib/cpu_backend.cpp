@@ -1,0 +1,239 @@
+#include "cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "error.hpp"
+#include "worker_pool.hpp"
+
+namespace pkv {
+
+namespace {
+
+constexpr uint32_t kTokenBlock = 32; // tokens whose scores are taken before one softmax rescale
+constexpr uint32_t kRowsPerItem = 64; // rows one scatter/gather work item converts
+
+uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
+
+// Eight independent sums so the compiler can keep them in vector lanes; head_dim is a multiple of 32.
+float dot(const float *a, const float *b, uint32_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (uint32_t i = 0; i < n; i += 8)
+    for (uint32_t j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// One chunk of one sequence for the query heads of one KV head: online softmax over blocks of
+// tokens, giving the chunk's normalised output and its log-sum-exp per query head.
+struct ChunkTask {
+  const PoolGeometry *g;
+  const DecodeBatch *b;
+  const DecodeChunk *chunk;
+  uint32_t kv_head;
+  float *out; // [group][head_dim]
+  float *lse; // [group]
+};
+
+void attend_chunk(const ChunkTask &t) {
+  const PoolGeometry &g = *t.g;
+  const DecodeBatch &b = *t.b;
+  const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq;
+  std::vector<float> q(size_t(group) * D), acc(size_t(group) * D, 0.0f);
+  std::vector<float> keys(size_t(kTokenBlock) * D), values(size_t(kTokenBlock) * D);
+  std::vector<float> m(group, -std::numeric_limits<float>::infinity()), l(group, 0.0f);
+  std::vector<float> scores(size_t(group) * kTokenBlock);
+
+  const size_t q_elem = io_elem_bytes(b.q_format);
+  const auto *q_base = static_cast<const uint8_t *>(b.q) +
+                       (size_t(s) * b.q_heads + size_t(t.kv_head) * group) * D * q_elem;
+  load_io(b.q_format, q_base, size_t(group) * D, q.data());
+
+  const uint32_t *pages = b.page_ids + b.page_begin[s];
+  for (uint32_t t0 = t.chunk->token_begin; t0 < t.chunk->token_end; t0 += kTokenBlock) {
+    const uint32_t n = std::min(kTokenBlock, t.chunk->token_end - t0);
+    for (uint32_t i = 0; i < n; i++) {
+      const uint32_t page = pages[(t0 + i) / g.page_size], slot = (t0 + i) % g.page_size;
+      decode_row(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
+      decode_row(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
+    }
+    for (uint32_t h = 0; h < group; h++) {
+      float *sc = &scores[size_t(h) * kTokenBlock];
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (uint32_t i = 0; i < n; i++) {
+        sc[i] = b.scale * dot(&q[size_t(h) * D], &keys[size_t(i) * D], D);
+        block_max = std::max(block_max, sc[i]);
+      }
+      const float m_new = std::max(m[h], block_max);
+      const float correction = std::exp(m[h] - m_new); // 0 on the first block (m = -inf)
+      float *a = &acc[size_t(h) * D];
+      for (uint32_t d = 0; d < D; d++) a[d] *= correction;
+      l[h] *= correction;
+      for (uint32_t i = 0; i < n; i++) {
+        const float p = std::exp(sc[i] - m_new);
+        l[h] += p;
+        const float *v = &values[size_t(i) * D];
+        for (uint32_t d = 0; d < D; d++) a[d] += p * v[d];
+      }
+      m[h] = m_new;
+    }
+  }
+  for (uint32_t h = 0; h < group; h++) {
+    const float inv = 1.0f / l[h];
+    for (uint32_t d = 0; d < D; d++) t.out[size_t(h) * D + d] = acc[size_t(h) * D + d] * inv;
+    t.lse[h] = m[h] + std::log(l[h]);
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(uint32_t threads) : workers_(threads) {}
+
+  pkv_backend kind() const override { return PKV_BACKEND_CPU; }
+  uint32_t workers() const override { return workers_.threads(); }
+
+  // calloc keeps never-written slots at zero (and cheap: the OS zeroes pages lazily); the block is
+  // over-allocated so the pool can start 64-byte aligned like a device allocation.
+  DevPtr alloc(uint64_t bytes) override {
+    if (bytes > std::numeric_limits<size_t>::max() - 64) fail(PKV_ERR_OUT_OF_MEMORY, "%llu bytes", (unsigned long long)bytes);
+    void *raw = std::calloc(size_t(bytes) + 64, 1);
+    if (!raw) fail(PKV_ERR_OUT_OF_MEMORY, "could not allocate %llu bytes of host memory", (unsigned long long)bytes);
+    const DevPtr aligned = (DevPtr(uintptr_t(raw)) + 63) & ~DevPtr(63);
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks_[aligned] = raw;
+    return aligned;
+  }
+
+  void release(DevPtr ptr) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) return;
+    std::free(it->second);
+    blocks_.erase(it);
+  }
+
+  void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) override {
+    for (uint32_t i = 0; i < n; i++)
+      for (uint32_t layer = 0; layer < g.layers; layer++)
+        std::memcpy(host(g.k_part(layer, copies[i].dst)), host(g.k_part(layer, copies[i].src)), g.block_bytes);
+  }
+
+  void scatter(const PoolGeometry &g, const ScatterArgs &a) override {
+    for_rows(g, a, [&](uint32_t r, float *row, size_t stride) {
+      for (uint32_t h = 0; h < g.kv_heads; h++) {
+        const RowSlot at = a.slots[r];
+        load_io(a.format, static_cast<const uint8_t *>(a.k) + stride * (size_t(r) * g.kv_heads + h), g.head_dim, row);
+        encode_row(g.k, host(g.k_part(a.layer, at.page)), h, at.slot, row);
+        load_io(a.format, static_cast<const uint8_t *>(a.v) + stride * (size_t(r) * g.kv_heads + h), g.head_dim, row);
+        encode_row(g.v, host(g.v_part(a.layer, at.page)), h, at.slot, row);
+      }
+    });
+  }
+
+  void gather(const PoolGeometry &g, const GatherArgs &a) override {
+    for_rows(g, a, [&](uint32_t r, float *row, size_t stride) {
+      for (uint32_t h = 0; h < g.kv_heads; h++) {
+        const RowSlot at = a.slots[r];
+        const size_t offset = stride * (size_t(r) * g.kv_heads + h);
+        if (a.k) {
+          decode_row(g.k, host(g.k_part(a.layer, at.page)), h, at.slot, row);
+          store_io(a.format, row, g.head_dim, static_cast<uint8_t *>(a.k) + offset);
+        }
+        if (a.v) {
+          decode_row(g.v, host(g.v_part(a.layer, at.page)), h, at.slot, row);
+          store_io(a.format, row, g.head_dim, static_cast<uint8_t *>(a.v) + offset);
+        }
+      }
+    });
+  }
+
+  void decode(const PoolGeometry &g, const DecodeBatch &b) override {
+    const DecodePlan &plan = *b.plan;
+    const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads;
+    const size_t items = plan.chunks.size() * g.kv_heads;
+    std::vector<float> part_out(items * group * D), part_lse(items * group);
+    workers_.run(uint32_t(items), [&](uint32_t item) {
+      ChunkTask t{&g, &b, &plan.chunks[item / g.kv_heads], item % g.kv_heads,
+                  &part_out[size_t(item) * group * D], &part_lse[size_t(item) * group]};
+      attend_chunk(t);
+    });
+    workers_.run(b.count, [&](uint32_t s) { merge(g, b, part_out, part_lse, s); });
+  }
+
+  void synchronize() override {}
+
+ private:
+  // Calls fn(row, scratch, bytes per row of one head) for every row, spread over the workers.
+  template <class Fn> void for_rows(const PoolGeometry &g, const RowTransfer &a, Fn fn) {
+    const size_t stride = size_t(g.head_dim) * io_elem_bytes(a.format);
+    const uint32_t items = (a.rows + kRowsPerItem - 1) / kRowsPerItem;
+    workers_.run(items, [&](uint32_t item) {
+      std::vector<float> row(g.head_dim);
+      const uint32_t end = std::min(a.rows, (item + 1) * kRowsPerItem);
+      for (uint32_t r = item * kRowsPerItem; r < end; r++) fn(r, row.data(), stride);
+    });
+  }
+
+  // Combines sequence s's chunk partials through their log-sum-exp and writes out and lse.
+  static void merge(const PoolGeometry &g, const DecodeBatch &b, const std::vector<float> &part_out,
+                    const std::vector<float> &part_lse, uint32_t s) {
+    const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads;
+    const uint32_t c0 = b.plan->seq_chunks[s], c1 = b.plan->seq_chunks[s + 1];
+    const size_t out_elem = io_elem_bytes(b.out_format);
+    std::vector<float> row(D);
+    for (uint32_t qh = 0; qh < b.q_heads; qh++) {
+      const uint32_t h = qh / group, gi = qh % group;
+      float lse = -std::numeric_limits<float>::infinity();
+      std::fill(row.begin(), row.end(), 0.0f);
+      if (c1 > c0) {
+        auto lse_of = [&](uint32_t c) { return part_lse[(size_t(c) * g.kv_heads + h) * group + gi]; };
+        float top = lse_of(c0);
+        for (uint32_t c = c0 + 1; c < c1; c++) top = std::max(top, lse_of(c));
+        float sum = 0.0f;
+        for (uint32_t c = c0; c < c1; c++) {
+          const float w = std::exp(lse_of(c) - top);
+          const float *o = &part_out[((size_t(c) * g.kv_heads + h) * group + gi) * D];
+          for (uint32_t d = 0; d < D; d++) row[d] += w * o[d];
+          sum += w;
+        }
+        for (uint32_t d = 0; d < D; d++) row[d] /= sum;
+        lse = top + std::log(sum);
+      }
+      store_io(b.out_format, row.data(), D, static_cast<uint8_t *>(b.out) + (size_t(s) * b.q_heads + qh) * D * out_elem);
+      if (b.lse) b.lse[size_t(s) * b.q_heads + qh] = lse;
+    }
+  }
+
+  WorkerPool workers_;
+  std::mutex mu_;
+  std::unordered_map<DevPtr, void *> blocks_;
+};
+
+} // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(uint32_t threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::make_unique<CpuBackend>(threads);
+}
+
+std::string cpu_description() {
+  std::string model = "unknown processor";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return model + ", " + std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " hardware threads";
+}
+
+} // namespace pkv

@@ -1,0 +1,227 @@
+#include "format.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace pkv {
+
+namespace {
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t(63); }
+
+uint16_t load16(const void *p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+void store16(void *p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+} // namespace
+
+uint16_t f32_to_f16(float x) {
+  const uint32_t u = bits(x);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN stays NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u); // rounds past 65504: infinity
+  if (a < 0x38800000u) {                                 // below 2^-14: subnormal half
+    // Scale into units of 2^-24 with the float unit's own round-to-nearest-even.
+    const float scaled = from_bits(a) * 16777216.0f;
+    return uint16_t(sign | uint16_t(std::nearbyint(scaled)));
+  }
+  // Normal: drop 13 mantissa bits, rounding to nearest even; a carry correctly bumps the exponent.
+  const uint32_t rounded = a + 0xfffu + ((a >> 13) & 1u);
+  return uint16_t(sign | uint16_t((rounded - 0x38000000u) >> 13));
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+  if (e == 0) {
+    const float v = float(m) * (1.0f / 16777216.0f); // exact: m < 2^10
+    return from_bits(bits(v) | sign);
+  }
+  if (e == 31) return from_bits(sign | 0x7f800000u | (m << 13));
+  return from_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+uint16_t f32_to_bf16(float x) {
+  const uint32_t u = bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float bf16_to_f32(uint16_t h) { return from_bits(uint32_t(h) << 16); }
+
+bool is_io_format(pkv_format f) {
+  return f == PKV_FORMAT_F32 || f == PKV_FORMAT_F16 || f == PKV_FORMAT_BF16;
+}
+
+bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
+
+bool is_page_format(pkv_format f) { return is_io_format(f) || is_quantized(f); }
+
+size_t io_elem_bytes(pkv_format f) { return f == PKV_FORMAT_F32 ? 4 : 2; }
+
+void load_io(pkv_format f, const void *src, size_t n, float *dst) {
+  const auto *p = static_cast<const uint8_t *>(src);
+  switch (f) {
+  case PKV_FORMAT_F32: std::memcpy(dst, src, n * 4); break;
+  case PKV_FORMAT_F16:
+    for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(load16(p + 2 * i));
+    break;
+  default:
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(load16(p + 2 * i));
+    break;
+  }
+}
+
+void store_io(pkv_format f, const float *src, size_t n, void *dst) {
+  auto *p = static_cast<uint8_t *>(dst);
+  switch (f) {
+  case PKV_FORMAT_F32: std::memcpy(dst, src, n * 4); break;
+  case PKV_FORMAT_F16:
+    for (size_t i = 0; i < n; i++) store16(p + 2 * i, f32_to_f16(src[i]));
+    break;
+  default:
+    for (size_t i = 0; i < n; i++) store16(p + 2 * i, f32_to_bf16(src[i]));
+    break;
+  }
+}
+
+void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
+  float amax = 0.0f;
+  for (uint32_t j = 0; j < kGroup; j++) amax = std::fmax(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  *d_out = f32_to_f16(d);
+  for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(std::roundf(x[j] * id));
+}
+
+void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
+  float amax = 0.0f, max = 0.0f;
+  for (uint32_t j = 0; j < kGroup; j++) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  const float d = max / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  *d_out = f32_to_f16(d);
+  for (uint32_t j = 0; j < kGroup / 2; j++) {
+    const int lo = std::min(15, int(x[j] * id + 8.5f));
+    const int hi = std::min(15, int(x[j + kGroup / 2] * id + 8.5f));
+    q[j] = uint8_t(lo | (hi << 4));
+  }
+}
+
+void dequantize_q8_0(uint16_t d, const int8_t *q, float *x) {
+  const float s = f16_to_f32(d);
+  for (uint32_t j = 0; j < kGroup; j++) x[j] = float(q[j]) * s;
+}
+
+void dequantize_q4_0(uint16_t d, const uint8_t *q, float *x) {
+  const float s = f16_to_f32(d);
+  for (uint32_t j = 0; j < kGroup / 2; j++) {
+    x[j] = float(int(q[j] & 15) - 8) * s;
+    x[j + kGroup / 2] = float(int(q[j] >> 4) - 8) * s;
+  }
+}
+
+namespace {
+
+// Quants of one group: Q8_0 one byte a value, Q4_0 half a byte.
+uint32_t group_quant_bytes(pkv_format f) { return f == PKV_FORMAT_Q8_0 ? kGroup : kGroup / 2; }
+
+void quantize_group(pkv_format f, const float *x, uint16_t *d, uint8_t *q) {
+  if (f == PKV_FORMAT_Q8_0) quantize_q8_0(x, d, reinterpret_cast<int8_t *>(q));
+  else quantize_q4_0(x, d, q);
+}
+
+void dequantize_group(pkv_format f, uint16_t d, const uint8_t *q, float *x) {
+  if (f == PKV_FORMAT_Q8_0) dequantize_q8_0(d, reinterpret_cast<const int8_t *>(q), x);
+  else dequantize_q4_0(d, q, x);
+}
+
+} // namespace
+
+size_t row_bytes(pkv_format f, size_t n) {
+  if (is_io_format(f)) return n * io_elem_bytes(f);
+  if (!is_quantized(f) || n % kGroup != 0) return 0;
+  return n / kGroup * (2 + group_quant_bytes(f));
+}
+
+void encode_ggml_row(pkv_format f, const float *src, size_t n, void *dst) {
+  if (is_io_format(f)) return store_io(f, src, n, dst);
+  auto *p = static_cast<uint8_t *>(dst);
+  const size_t block = 2 + group_quant_bytes(f);
+  for (size_t g = 0; g < n / kGroup; g++) {
+    uint16_t d;
+    quantize_group(f, src + g * kGroup, &d, p + g * block + 2);
+    store16(p + g * block, d);
+  }
+}
+
+void decode_ggml_row(pkv_format f, const void *src, size_t n, float *dst) {
+  if (is_io_format(f)) return load_io(f, src, n, dst);
+  const auto *p = static_cast<const uint8_t *>(src);
+  const size_t block = 2 + group_quant_bytes(f);
+  for (size_t g = 0; g < n / kGroup; g++)
+    dequantize_group(f, load16(p + g * block), p + g * block + 2, dst + g * kGroup);
+}
+
+PlaneLayout make_plane_layout(pkv_format f, uint32_t kv_heads, uint32_t page_size, uint32_t head_dim) {
+  PlaneLayout l{};
+  l.format = f;
+  l.kv_heads = kv_heads;
+  l.page_size = page_size;
+  l.head_dim = head_dim;
+  const uint64_t rows = uint64_t(kv_heads) * page_size;
+  if (is_quantized(f)) {
+    l.row_data_bytes = uint64_t(head_dim / kGroup) * group_quant_bytes(f);
+    l.row_scale_bytes = uint64_t(head_dim / kGroup) * 2;
+  } else {
+    l.row_data_bytes = uint64_t(head_dim) * io_elem_bytes(f);
+  }
+  l.scale_offset = align64(rows * l.row_data_bytes);
+  l.bytes = align64(l.scale_offset + rows * l.row_scale_bytes);
+  return l;
+}
+
+void encode_row(const PlaneLayout &l, uint8_t *part, uint32_t head, uint32_t slot, const float *src) {
+  uint8_t *data = part + l.data_at(head, slot);
+  if (!is_quantized(l.format)) return store_io(l.format, src, l.head_dim, data);
+  uint8_t *scales = part + l.scale_at(head, slot);
+  const uint32_t qb = group_quant_bytes(l.format);
+  for (uint32_t g = 0; g < l.head_dim / kGroup; g++) {
+    uint16_t d;
+    quantize_group(l.format, src + g * kGroup, &d, data + g * qb);
+    store16(scales + 2 * g, d);
+  }
+}
+
+void decode_row(const PlaneLayout &l, const uint8_t *part, uint32_t head, uint32_t slot, float *dst) {
+  const uint8_t *data = part + l.data_at(head, slot);
+  if (!is_quantized(l.format)) return load_io(l.format, data, l.head_dim, dst);
+  const uint8_t *scales = part + l.scale_at(head, slot);
+  const uint32_t qb = group_quant_bytes(l.format);
+  for (uint32_t g = 0; g < l.head_dim / kGroup; g++)
+    dequantize_group(l.format, load16(scales + 2 * g), data + g * qb, dst + g * kGroup);
+}
+
+} // namespace pkv

@@ -1,0 +1,35 @@
+// Sequence slots and their value handles. A handle packs a pool tag, the slot's generation and the
+// slot index; freeing a slot bumps its generation, so every earlier handle of that slot is stale.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pagedkv.h"
+
+namespace pkv {
+
+class HandleTable {
+ public:
+  static constexpr uint32_t kSlotBits = 20;
+  static constexpr uint32_t kMaxSlots = 1u << kSlotBits;
+
+  explicit HandleTable(uint32_t capacity);
+
+  uint32_t capacity() const { return uint32_t(generation_.size()); }
+  uint32_t live() const { return capacity() - uint32_t(free_.size()); }
+  bool full() const { return free_.empty(); }
+
+  // A fresh handle; the table must not be full.
+  pkv_seq acquire(uint32_t *slot);
+  void release(uint32_t slot);
+  // The slot of a live handle, or a thrown PKV_ERR_STALE_HANDLE naming what is wrong with it.
+  uint32_t resolve(pkv_seq seq, const char *what) const;
+
+ private:
+  uint64_t tag_;
+  std::vector<uint32_t> generation_; // odd: the slot is live
+  std::vector<uint32_t> free_;
+};
+
+} // namespace pkv

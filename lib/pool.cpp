@@ -1,0 +1,317 @@
+#include "pool.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "error.hpp"
+#include "plan.hpp"
+
+using pkv::fail;
+
+namespace {
+
+pkv::PoolGeometry make_geometry(const pkv_pool_desc &d) {
+  pkv::PoolGeometry g{};
+  g.layers = d.layers;
+  g.kv_heads = d.kv_heads;
+  g.head_dim = d.head_dim;
+  g.page_size = d.page_size;
+  g.pages = d.pages;
+  g.k = pkv::make_plane_layout(d.k_format, d.kv_heads, d.page_size, d.head_dim);
+  g.v = pkv::make_plane_layout(d.v_format, d.kv_heads, d.page_size, d.head_dim);
+  g.block_bytes = g.k.bytes + g.v.bytes;
+  return g;
+}
+
+void check_layer(const pkv::PoolGeometry &g, uint32_t layer) {
+  if (layer >= g.layers) fail(PKV_ERR_INVALID_ARGUMENT, "layer %u is out of range: the pool has %u layers", layer, g.layers);
+}
+
+void check_io_format(pkv_format f, const char *what) {
+  if (!pkv::is_io_format(f))
+    fail(PKV_ERR_INVALID_ARGUMENT, "%s is %s (%d): expected f32, f16 or bf16", what, pkv_format_name(f), int(f));
+}
+
+void check_memory(pkv_memory m) {
+  if (m != PKV_MEMORY_HOST && m != PKV_MEMORY_DEVICE)
+    fail(PKV_ERR_INVALID_ARGUMENT, "memory is %d: expected PKV_MEMORY_HOST or PKV_MEMORY_DEVICE", int(m));
+}
+
+void check_pointer(const void *p, const char *what) {
+  if (!p) fail(PKV_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+}
+
+} // namespace
+
+pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
+    : ctx_(ctx), geometry_(make_geometry(desc)), handles_(desc.max_sequences), pages_(desc.pages, desc.page_order_seed),
+      seqs_(desc.max_sequences) {
+  geometry_.base = ctx_->backend->alloc(geometry_.total_bytes());
+  ctx_->pools++;
+}
+
+pkv_pool::~pkv_pool() {
+  ctx_->backend->release(geometry_.base);
+  ctx_->pools--;
+}
+
+std::vector<uint32_t> pkv_pool::resolve_batch(const pkv_seq *seqs, uint32_t count, const char *what, bool unique) {
+  std::vector<uint32_t> slots(count);
+  char name[64];
+  for (uint32_t i = 0; i < count; i++) {
+    std::snprintf(name, sizeof name, "%s[%u]", what, i);
+    slots[i] = handles_.resolve(seqs[i], name);
+  }
+  if (unique) {
+    std::vector<uint32_t> sorted = slots;
+    std::sort(sorted.begin(), sorted.end());
+    auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    if (dup != sorted.end()) {
+      const uint32_t first = uint32_t(std::find(slots.begin(), slots.end(), *dup) - slots.begin());
+      const uint32_t second = uint32_t(std::find(slots.begin() + first + 1, slots.end(), *dup) - slots.begin());
+      fail(PKV_ERR_INVALID_ARGUMENT, "%s[%u] and %s[%u] are the same sequence: each may appear once per call", what,
+           first, what, second);
+    }
+  }
+  return slots;
+}
+
+void pkv_pool::drop_pages(Sequence &s, uint32_t keep) {
+  while (s.pages.size() > keep) {
+    pages_.release(s.pages.back());
+    s.pages.pop_back();
+  }
+}
+
+pkv::RowSlot pkv_pool::slot_of(const Sequence &s, uint32_t position) const {
+  return {s.pages[position / geometry_.page_size], position % geometry_.page_size};
+}
+
+pkv_seq pkv_pool::alloc() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (handles_.full()) fail(PKV_ERR_OUT_OF_SEQUENCES, "all %u sequence slots are in use", handles_.capacity());
+  uint32_t slot;
+  const pkv_seq seq = handles_.acquire(&slot);
+  seqs_[slot] = Sequence{};
+  return seq;
+}
+
+void pkv_pool::free(pkv_seq seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t slot = handles_.resolve(seq, "seq");
+  Sequence &s = seqs_[slot];
+  drop_pages(s, 0);
+  tokens_live_ -= s.length;
+  s = Sequence{};
+  handles_.release(slot);
+}
+
+pkv_seq pkv_pool::fork(pkv_seq parent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t from = handles_.resolve(parent, "parent");
+  if (handles_.full()) fail(PKV_ERR_OUT_OF_SEQUENCES, "all %u sequence slots are in use", handles_.capacity());
+  Sequence copy = seqs_[from];
+  uint32_t slot;
+  const pkv_seq child = handles_.acquire(&slot); // nothing below throws
+  for (uint32_t p : copy.pages) pages_.retain(p);
+  tokens_live_ += copy.length;
+  seqs_[slot] = std::move(copy);
+  return child;
+}
+
+void pkv_pool::truncate(pkv_seq seq, uint32_t new_length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence &s = seqs_[handles_.resolve(seq, "seq")];
+  if (new_length > s.length)
+    fail(PKV_ERR_INVALID_ARGUMENT, "new_length %u is past the sequence's length %u", new_length, s.length);
+  drop_pages(s, pages_for(new_length));
+  tokens_live_ -= s.length - new_length;
+  s.length = new_length;
+}
+
+uint32_t pkv_pool::length(pkv_seq seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seqs_[handles_.resolve(seq, "seq")].length;
+}
+
+void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count) {
+  if (count == 0) return;
+  check_pointer(seqs, "seqs");
+  check_pointer(n_new, "n_new");
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<uint32_t> slots = resolve_batch(seqs, count, "seqs", true);
+
+  // Count every page first, so that a batch which does not fit changes nothing.
+  std::vector<uint8_t> copy_last(count, 0);
+  uint64_t need = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    const Sequence &s = seqs_[slots[i]];
+    const uint64_t end = uint64_t(s.length) + n_new[i];
+    if (end > std::numeric_limits<uint32_t>::max())
+      fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u]: length %u + n_new %u overflows a 32-bit length", i, s.length, n_new[i]);
+    // Appending into a partly filled page that a fork also holds: this sequence takes a private copy.
+    copy_last[i] = n_new[i] > 0 && s.length % geometry_.page_size != 0 && pages_.refs(s.pages.back()) > 1;
+    need += pages_for(end) - s.pages.size() + copy_last[i];
+  }
+  if (need > pages_.free())
+    fail(PKV_ERR_OUT_OF_PAGES, "the batch needs %llu new pages and the pool has %u free of %u; nothing was appended",
+         (unsigned long long)need, pages_.free(), pages_.total());
+
+  std::vector<uint32_t> fresh;
+  fresh.reserve(need);
+  pages_.take(uint32_t(need), &fresh);
+  std::vector<pkv::PageCopy> copies;
+  size_t next = 0;
+  for (uint32_t i = 0; i < count; i++)
+    if (copy_last[i]) copies.push_back({seqs_[slots[i]].pages.back(), fresh[next++]});
+  try {
+    for (uint32_t i = 0; i < count; i++) { // so that the commit below cannot throw
+      Sequence &s = seqs_[slots[i]];
+      s.pages.reserve(pages_for(uint64_t(s.length) + n_new[i]));
+    }
+    if (!copies.empty()) ctx_->backend->copy_pages(geometry_, copies.data(), uint32_t(copies.size()));
+  } catch (...) {
+    for (uint32_t p : fresh) pages_.release(p);
+    throw;
+  }
+
+  next = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    Sequence &s = seqs_[slots[i]];
+    if (copy_last[i]) {
+      pages_.release(s.pages.back());
+      s.pages.back() = fresh[next++];
+    }
+    while (s.pages.size() < pages_for(uint64_t(s.length) + n_new[i])) s.pages.push_back(fresh[next++]);
+    s.length += n_new[i];
+    tokens_live_ += n_new[i];
+  }
+}
+
+void pkv_pool::write(const pkv_write_args &a) {
+  check_layer(geometry_, a.layer);
+  check_io_format(a.src_format, "src_format");
+  check_memory(a.memory);
+  if (a.count == 0) return;
+  check_pointer(a.seqs, "seqs");
+  check_pointer(a.n_tokens, "n_tokens");
+  check_pointer(a.k, "k");
+  check_pointer(a.v, "v");
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", true);
+  std::vector<pkv::RowSlot> targets;
+  for (uint32_t i = 0; i < a.count; i++) {
+    const Sequence &s = seqs_[slots[i]];
+    if (a.n_tokens[i] > s.length)
+      fail(PKV_ERR_INVALID_ARGUMENT, "n_tokens[%u] is %u but the sequence holds %u tokens: append first", i,
+           a.n_tokens[i], s.length);
+    for (uint32_t pos = s.length - a.n_tokens[i]; pos < s.length; pos++) {
+      const pkv::RowSlot at = slot_of(s, pos);
+      if (pages_.refs(at.page) > 1)
+        fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u]: position %u lies in a page shared with a forked sequence; "
+             "only positions appended since the fork can be written", i, pos);
+      targets.push_back(at);
+    }
+  }
+  if (targets.empty()) return;
+  pkv::ScatterArgs args{};
+  args.layer = a.layer;
+  args.rows = uint32_t(targets.size());
+  args.format = a.src_format;
+  args.memory = a.memory;
+  args.slots = targets.data();
+  args.k = a.k;
+  args.v = a.v;
+  ctx_->backend->scatter(geometry_, args);
+}
+
+void pkv_pool::read(const pkv_read_args &a) {
+  check_layer(geometry_, a.layer);
+  check_io_format(a.dst_format, "dst_format");
+  check_memory(a.memory);
+  if (!a.k && !a.v) fail(PKV_ERR_INVALID_ARGUMENT, "k and v are both NULL: nothing to read into");
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence &s = seqs_[handles_.resolve(a.seq, "seq")];
+  if (uint64_t(a.start) + a.count > s.length)
+    fail(PKV_ERR_INVALID_ARGUMENT, "positions [%u, %llu) are past the sequence's length %u", a.start,
+         (unsigned long long)a.start + a.count, s.length);
+  if (a.count == 0) return;
+  std::vector<pkv::RowSlot> sources(a.count);
+  for (uint32_t i = 0; i < a.count; i++) sources[i] = slot_of(s, a.start + i);
+  pkv::GatherArgs args{};
+  args.layer = a.layer;
+  args.rows = a.count;
+  args.format = a.dst_format;
+  args.memory = a.memory;
+  args.slots = sources.data();
+  args.k = a.k;
+  args.v = a.v;
+  ctx_->backend->gather(geometry_, args);
+}
+
+void pkv_pool::decode(const pkv_decode_args &a) {
+  check_layer(geometry_, a.layer);
+  if (a.q_heads == 0 || a.q_heads % geometry_.kv_heads != 0)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", a.q_heads,
+         geometry_.kv_heads);
+  if (a.q_tokens == 0) fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is 0: expected at least 1 query token per sequence");
+  if (a.q_tokens > 1)
+    fail(PKV_ERR_UNSUPPORTED, "q_tokens %u: this version decodes 1 query token per sequence", a.q_tokens);
+  if (!(a.scale >= 0.0f) || std::isinf(a.scale))
+    fail(PKV_ERR_INVALID_ARGUMENT, "scale %g is not a finite value >= 0 (0 selects 1/sqrt(head_dim))", double(a.scale));
+  check_io_format(a.q_format, "q_format");
+  check_io_format(a.out_format, "out_format");
+  check_memory(a.memory);
+  if (a.count == 0) return;
+  check_pointer(a.seqs, "seqs");
+  check_pointer(a.q, "q");
+  check_pointer(a.out, "out");
+
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
+  std::vector<uint32_t> lengths(a.count), page_begin(a.count + 1), page_ids;
+  for (uint32_t i = 0; i < a.count; i++) {
+    const Sequence &s = seqs_[slots[i]];
+    lengths[i] = s.length;
+    page_begin[i] = uint32_t(page_ids.size());
+    page_ids.insert(page_ids.end(), s.pages.begin(), s.pages.end());
+  }
+  page_begin[a.count] = uint32_t(page_ids.size());
+  const pkv::DecodePlan plan = pkv::make_plan(
+      {lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, ctx_->backend->workers()});
+
+  pkv::DecodeBatch batch{};
+  batch.layer = a.layer;
+  batch.count = a.count;
+  batch.q_heads = a.q_heads;
+  batch.scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(float(geometry_.head_dim));
+  batch.q_format = a.q_format;
+  batch.out_format = a.out_format;
+  batch.memory = a.memory;
+  batch.q = a.q;
+  batch.out = a.out;
+  batch.lse = a.lse;
+  batch.lengths = lengths.data();
+  batch.page_begin = page_begin.data();
+  batch.page_ids = page_ids.data();
+  batch.plan = &plan;
+  ctx_->backend->decode(geometry_, batch);
+}
+
+pkv_pool_stats pkv_pool::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  pkv_pool_stats st{};
+  st.struct_size = sizeof st;
+  st.pages_total = pages_.total();
+  st.pages_free = pages_.free();
+  st.pages_shared = pages_.shared();
+  st.sequences_live = handles_.live();
+  st.max_sequences = handles_.capacity();
+  st.tokens_live = tokens_live_;
+  st.bytes_total = geometry_.total_bytes();
+  st.bytes_per_page = uint64_t(geometry_.layers) * geometry_.block_bytes;
+  st.bytes_per_token = uint64_t(geometry_.layers) * (geometry_.k.bytes_per_token() + geometry_.v.bytes_per_token());
+  return st;
+}

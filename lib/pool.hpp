@@ -1,0 +1,54 @@
+// A pool: pages for every layer of one model, the sequences that hold them, and the operations of an
+// engine step. Bookkeeping happens here; the bytes are moved by the context's backend.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "context.hpp"
+#include "handle_table.hpp"
+#include "page_allocator.hpp"
+#include "pagedkv.h"
+
+struct pkv_pool {
+ public:
+  // desc is already validated.
+  pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc);
+  ~pkv_pool();
+  pkv_pool(const pkv_pool &) = delete;
+  pkv_pool &operator=(const pkv_pool &) = delete;
+
+  pkv_seq alloc();
+  void free(pkv_seq seq);
+  pkv_seq fork(pkv_seq parent);
+  void truncate(pkv_seq seq, uint32_t new_length);
+  uint32_t length(pkv_seq seq);
+  void append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count);
+  void write(const pkv_write_args &args);
+  void read(const pkv_read_args &args);
+  void decode(const pkv_decode_args &args);
+  pkv_pool_stats stats();
+
+  const pkv::PoolGeometry &geometry() const { return geometry_; }
+
+ private:
+  struct Sequence {
+    uint32_t length = 0;
+    std::vector<uint32_t> pages;
+  };
+
+  uint32_t pages_for(uint64_t tokens) const { return uint32_t((tokens + geometry_.page_size - 1) / geometry_.page_size); }
+  // Slots of a batch of sequences, each resolved and checked to appear once.
+  std::vector<uint32_t> resolve_batch(const pkv_seq *seqs, uint32_t count, const char *what, bool unique);
+  void drop_pages(Sequence &s, uint32_t keep);
+  pkv::RowSlot slot_of(const Sequence &s, uint32_t position) const;
+
+  pkv_context *ctx_;
+  pkv::PoolGeometry geometry_;
+  std::mutex mu_;
+  pkv::HandleTable handles_;
+  pkv::PageAllocator pages_;
+  std::vector<Sequence> seqs_;
+  uint64_t tokens_live_ = 0;
+};

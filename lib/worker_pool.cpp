@@ -1,0 +1,65 @@
+#include "worker_pool.hpp"
+
+namespace pkv {
+
+WorkerPool::WorkerPool(uint32_t threads) {
+  for (uint32_t i = 1; i < threads; i++) workers_.emplace_back([this] { work_loop(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto &t : workers_) t.join();
+}
+
+// Takes items until none is left; each finished item is counted so run() knows when to return.
+void WorkerPool::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (next_ < n_) {
+    const uint32_t i = next_++;
+    lock.unlock();
+    (*fn_)(i);
+    lock.lock();
+    if (++finished_ == n_) done_.notify_all();
+  }
+}
+
+void WorkerPool::work_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || round_ != seen; });
+      if (stop_) return;
+      seen = round_;
+    }
+    drain();
+  }
+}
+
+void WorkerPool::run(uint32_t n, const std::function<void(uint32_t)> &fn) {
+  if (n == 0) return;
+  if (workers_.empty() || n == 1) {
+    for (uint32_t i = 0; i < n; i++) fn(i);
+    return;
+  }
+  std::lock_guard<std::mutex> one_at_a_time(run_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_ = 0;
+    finished_ = 0;
+    round_++;
+  }
+  wake_.notify_all();
+  drain();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_.wait(lock, [&] { return finished_ == n_; });
+  fn_ = nullptr;
+}
+
+} // namespace pkv

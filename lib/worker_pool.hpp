@@ -1,0 +1,39 @@
+// A fixed set of threads that run the items of one parallel loop at a time; the calling thread
+// works too. Used by the CPU backend so a decode call costs no thread creation.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace pkv {
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(uint32_t threads); // total threads including the caller; >= 1
+  ~WorkerPool();
+  WorkerPool(const WorkerPool &) = delete;
+  WorkerPool &operator=(const WorkerPool &) = delete;
+
+  uint32_t threads() const { return uint32_t(workers_.size()) + 1; }
+  // Runs fn(i) for every i < n, spread over the threads; returns when all are done.
+  void run(uint32_t n, const std::function<void(uint32_t)> &fn);
+
+ private:
+  void work_loop();
+  void drain();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::mutex run_mu_; // one loop at a time
+  const std::function<void(uint32_t)> *fn_ = nullptr;
+  uint32_t n_ = 0, next_ = 0, finished_ = 0;
+  uint64_t round_ = 0;
+  bool stop_ = false;
+};
+
+} // namespace pkv

@@ -1,0 +1,199 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+uint64_t tu_seed(void) {
+  const char *env = getenv("PKV_TEST_SEED");
+  uint64_t seed = env && *env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)clock() << 32;
+  if (seed == 0) seed = 1;
+  printf("# PKV_TEST_SEED=%llu\n", (unsigned long long)seed);
+  return seed;
+}
+
+tu_rng tu_rng_make(uint64_t seed) {
+  tu_rng r;
+  r.s = seed ? seed : 0x9E3779B97F4A7C15ull;
+  return r;
+}
+
+uint64_t tu_next(tu_rng *r) {
+  r->s ^= r->s >> 12;
+  r->s ^= r->s << 25;
+  r->s ^= r->s >> 27;
+  return r->s * 0x2545F4914F6CDD1Dull;
+}
+
+uint32_t tu_below(tu_rng *r, uint32_t n) { return n ? (uint32_t)(tu_next(r) % n) : 0; }
+
+double tu_uniform(tu_rng *r, double lo, double hi) {
+  return lo + (hi - lo) * ((double)(tu_next(r) >> 11) / 9007199254740992.0);
+}
+
+static uint32_t bits_of(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+static float float_of(uint32_t u) {
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+/* Via double arithmetic rather than bit tricks, so it is an independent check of the library's. */
+uint16_t tu_f32_to_f16(float x) {
+  uint16_t sign = (uint16_t)((bits_of(x) >> 16) & 0x8000u);
+  double a = fabs((double)x);
+  if (isnan(x)) return (uint16_t)(sign | 0x7e00u);
+  if (a >= 65520.0) return (uint16_t)(sign | 0x7c00u); /* rounds past the largest finite half */
+  if (a < ldexp(1.0, -14)) {                           /* subnormal: units of 2^-24 */
+    double m = nearbyint(a * ldexp(1.0, 24));
+    return (uint16_t)(sign | (uint16_t)m); /* m == 1024 lands on the smallest normal, as it should */
+  }
+  int e;
+  double f = frexp(a, &e); /* a = f * 2^e, f in [0.5, 1) */
+  double m = nearbyint(f * 2048.0);
+  if (m == 2048.0) {
+    m = 1024.0;
+    e += 1;
+  }
+  int exp_field = e - 1 + 15;
+  if (exp_field >= 31) return (uint16_t)(sign | 0x7c00u);
+  return (uint16_t)(sign | (uint16_t)(exp_field << 10) | (uint16_t)((uint32_t)m - 1024u));
+}
+
+float tu_f16_to_f32(uint16_t h) {
+  int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  double v;
+  if (e == 0) v = ldexp((double)m, -24);
+  else if (e == 31) v = m ? NAN : INFINITY;
+  else v = ldexp((double)(m + 1024), e - 25);
+  return (float)(sign ? -v : v);
+}
+
+uint16_t tu_f32_to_bf16(float x) {
+  uint32_t u = bits_of(x);
+  if (isnan(x)) return (uint16_t)((u >> 16) | 0x40u);
+  uint32_t lower = u & 0xffffu, upper = u >> 16;
+  if (lower > 0x8000u || (lower == 0x8000u && (upper & 1u))) upper += 1;
+  return (uint16_t)upper;
+}
+
+float tu_bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
+
+void tu_quantize_q8_0(const float *x, tu_q8_0 *out) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  out->d = tu_f32_to_f16(d);
+  for (int j = 0; j < 32; j++) out->qs[j] = (int8_t)roundf(x[j] * id);
+}
+
+void tu_quantize_q4_0(const float *x, tu_q4_0 *out) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; j++) {
+    if (amax < fabsf(x[j])) {
+      amax = fabsf(x[j]);
+      max = x[j];
+    }
+  }
+  const float d = max / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  out->d = tu_f32_to_f16(d);
+  for (int j = 0; j < 16; j++) {
+    int lo = (int)(x[j] * id + 8.5f), hi = (int)(x[j + 16] * id + 8.5f);
+    if (lo > 15) lo = 15;
+    if (hi > 15) hi = 15;
+    out->qs[j] = (uint8_t)(lo | (hi << 4));
+  }
+}
+
+void tu_dequantize_q8_0(const tu_q8_0 *b, float *x) {
+  const float d = tu_f16_to_f32(b->d);
+  for (int j = 0; j < 32; j++) x[j] = (float)b->qs[j] * d;
+}
+
+void tu_dequantize_q4_0(const tu_q4_0 *b, float *x) {
+  const float d = tu_f16_to_f32(b->d);
+  for (int j = 0; j < 16; j++) {
+    x[j] = (float)((b->qs[j] & 15) - 8) * d;
+    x[j + 16] = (float)((b->qs[j] >> 4) - 8) * d;
+  }
+}
+
+void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst) {
+  for (size_t g = 0; g < n; g += 32) {
+    switch (format) {
+    case PKV_FORMAT_Q8_0: {
+      tu_q8_0 b;
+      tu_quantize_q8_0(src + g, &b);
+      tu_dequantize_q8_0(&b, dst + g);
+      break;
+    }
+    case PKV_FORMAT_Q4_0: {
+      tu_q4_0 b;
+      tu_quantize_q4_0(src + g, &b);
+      tu_dequantize_q4_0(&b, dst + g);
+      break;
+    }
+    default:
+      for (size_t j = g; j < g + 32 && j < n; j++) {
+        unsigned char raw[4];
+        tu_store(format, raw, 0, src[j]);
+        dst[j] = tu_load(format, raw, 0);
+      }
+    }
+  }
+}
+
+size_t tu_elem_bytes(pkv_format format) {
+  switch (format) {
+  case PKV_FORMAT_F32: return 4;
+  case PKV_FORMAT_F16:
+  case PKV_FORMAT_BF16: return 2;
+  default: abort();
+  }
+}
+
+void tu_store(pkv_format format, void *buf, size_t i, float x) {
+  switch (format) {
+  case PKV_FORMAT_F32: memcpy((char *)buf + 4 * i, &x, 4); break;
+  case PKV_FORMAT_F16: {
+    uint16_t h = tu_f32_to_f16(x);
+    memcpy((char *)buf + 2 * i, &h, 2);
+    break;
+  }
+  case PKV_FORMAT_BF16: {
+    uint16_t h = tu_f32_to_bf16(x);
+    memcpy((char *)buf + 2 * i, &h, 2);
+    break;
+  }
+  default: abort();
+  }
+}
+
+float tu_load(pkv_format format, const void *buf, size_t i) {
+  switch (format) {
+  case PKV_FORMAT_F32: {
+    float x;
+    memcpy(&x, (const char *)buf + 4 * i, 4);
+    return x;
+  }
+  case PKV_FORMAT_F16: {
+    uint16_t h;
+    memcpy(&h, (const char *)buf + 2 * i, 2);
+    return tu_f16_to_f32(h);
+  }
+  case PKV_FORMAT_BF16: {
+    uint16_t h;
+    memcpy(&h, (const char *)buf + 2 * i, 2);
+    return tu_bf16_to_f32(h);
+  }
+  default: abort();
+  }
+}

@@ -1,0 +1,51 @@
+/* Helpers shared by the tests: a seeded random source and reference encodings written here,
+ * independently of the library, so the library's formats can be checked against them. */
+#ifndef PKV_TESTUTIL_H
+#define PKV_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pagedkv.h"
+
+/* Random numbers: xorshift64*. The seed comes from PKV_TEST_SEED when set, else from the clock, and
+ * is printed so a failure can be replayed. */
+typedef struct tu_rng {
+  uint64_t s;
+} tu_rng;
+uint64_t tu_seed(void);
+tu_rng tu_rng_make(uint64_t seed);
+uint64_t tu_next(tu_rng *r);
+uint32_t tu_below(tu_rng *r, uint32_t n); /* uniform in [0, n) */
+double tu_uniform(tu_rng *r, double lo, double hi);
+
+/* Reference scalar conversions (round to nearest even). */
+uint16_t tu_f32_to_f16(float x);
+float tu_f16_to_f32(uint16_t h);
+uint16_t tu_f32_to_bf16(float x);
+float tu_bf16_to_f32(uint16_t h);
+
+/* ggml's reference quantization of one 32-value block, and dequantization. */
+typedef struct tu_q8_0 {
+  uint16_t d;
+  int8_t qs[32];
+} tu_q8_0;
+typedef struct tu_q4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+} tu_q4_0;
+void tu_quantize_q8_0(const float *x, tu_q8_0 *out);
+void tu_quantize_q4_0(const float *x, tu_q4_0 *out);
+void tu_dequantize_q8_0(const tu_q8_0 *b, float *x);
+void tu_dequantize_q4_0(const tu_q4_0 *b, float *x);
+
+/* The value a page of `format` stores for a row of n floats (n a multiple of 32 for Q8_0/Q4_0):
+ * what decode must see. */
+void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst);
+
+/* Store a float as an I/O format element (F32/F16/BF16) at index i of buf, and read it back. */
+void tu_store(pkv_format format, void *buf, size_t i, float x);
+float tu_load(pkv_format format, const void *buf, size_t i);
+size_t tu_elem_bytes(pkv_format format);
+
+#endif
