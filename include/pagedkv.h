@@ -193,9 +193,11 @@ typedef struct pkv_pool_desc {
   pkv_format k_format;      /* F32, F16, BF16, Q8_0 or Q4_0 (default F16) */
   pkv_format v_format;      /* chosen independently of k_format (default F16) */
   uint32_t page_order_seed; /* 0: free pages handed out lowest id first; else shuffled with this seed */
+  uint32_t max_sequence_length; /* tokens one sequence may hold; 0: pages * page_size. Sizes the
+                                   device page table: max_sequences * ceil(this / page_size) * 4 bytes */
 } pkv_pool_desc;
 #define PKV_POOL_DESC_INIT                                                                          \
-  { (uint32_t)sizeof(pkv_pool_desc), 0, 0, 0, 16, 0, 256, PKV_FORMAT_F16, PKV_FORMAT_F16, 0 }
+  { (uint32_t)sizeof(pkv_pool_desc), 0, 0, 0, 16, 0, 256, PKV_FORMAT_F16, PKV_FORMAT_F16, 0, 0 }
 
 PKV_API pkv_status pkv_pool_create(pkv_context *ctx, const pkv_pool_desc *desc, pkv_pool **out);
 /* Frees the pages and invalidates every handle. NULL is accepted. */
@@ -217,7 +219,8 @@ PKV_API pkv_status pkv_seq_length(pkv_pool *pool, pkv_seq seq, uint32_t *out);
  * ------------------------------------------------------------------------------------------------- */
 
 /* Adds n_new[i] token slots to seqs[i], for i < count. Transactional: either every sequence gets its
- * pages and its length advances, or nothing changes (PKV_ERR_OUT_OF_PAGES when the pool is short).
+ * pages and its length advances, or nothing changes (PKV_ERR_OUT_OF_PAGES when the pool is short,
+ * PKV_ERR_INVALID_ARGUMENT when a sequence would pass max_sequence_length).
  * A sequence may appear only once per call. The new slots hold no K/V until pkv_write fills them. */
 PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count);
 

@@ -19,8 +19,21 @@ struct RowSlot {
   uint32_t page, slot;
 };
 
+// A page-table change, table[seq_slot][index] = page. The pool queues them as sequences gain pages
+// (4 bytes of payload each, never a whole table) and hands them to the next scatter, gather or
+// decode, which applies them, in order, before anything else it does.
+struct TableEntry {
+  uint32_t seq_slot, index, page;
+};
+
+struct TableUpdates {
+  const TableEntry *entries = nullptr; // host array; no two entries share (seq_slot, index)
+  uint32_t count = 0;
+};
+
 // Rows packed [rows][kv_heads][head_dim] in `format`, each going to (or coming from) one slot.
 struct RowTransfer {
+  TableUpdates table;
   uint32_t layer;
   uint32_t rows;
   pkv_format format; // F32, F16 or BF16
@@ -36,8 +49,9 @@ struct GatherArgs : RowTransfer {
   void *k, *v; // either may be null
 };
 
-// One layer's attention for a batch. Pages of sequence b are page_ids[page_begin[b] .. page_begin[b+1]).
+// One layer's attention for a batch; sequence b's pages are the page-table row seq_slots[b].
 struct DecodeBatch {
+  TableUpdates table;
   uint32_t layer, count, q_heads;
   float scale;
   pkv_format q_format, out_format;
@@ -45,9 +59,8 @@ struct DecodeBatch {
   const void *q;
   void *out;
   float *lse;
-  const uint32_t *lengths;    // host, count
-  const uint32_t *page_begin; // host, count + 1
-  const uint32_t *page_ids;   // host
+  const uint32_t *seq_slots; // host, count
+  const uint32_t *lengths;   // host, count
   const DecodePlan *plan;
 };
 

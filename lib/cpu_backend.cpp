@@ -57,7 +57,7 @@ void attend_chunk(const ChunkTask &t) {
                        (size_t(s) * b.q_heads + size_t(t.kv_head) * group) * D * q_elem;
   load_io(b.q_format, q_base, size_t(group) * D, q.data());
 
-  const uint32_t *pages = b.page_ids + b.page_begin[s];
+  const uint32_t *pages = reinterpret_cast<const uint32_t *>(host(g.table)) + size_t(b.seq_slots[s]) * g.table_stride;
   for (uint32_t t0 = t.chunk->token_begin; t0 < t.chunk->token_end; t0 += kTokenBlock) {
     const uint32_t n = std::min(kTokenBlock, t.chunk->token_end - t0);
     for (uint32_t i = 0; i < n; i++) {
@@ -127,6 +127,7 @@ class CpuBackend final : public Backend {
   }
 
   void scatter(const PoolGeometry &g, const ScatterArgs &a) override {
+    apply(g, a.table);
     for_rows(g, a, [&](uint32_t r, float *row, size_t stride) {
       for (uint32_t h = 0; h < g.kv_heads; h++) {
         const RowSlot at = a.slots[r];
@@ -139,6 +140,7 @@ class CpuBackend final : public Backend {
   }
 
   void gather(const PoolGeometry &g, const GatherArgs &a) override {
+    apply(g, a.table);
     for_rows(g, a, [&](uint32_t r, float *row, size_t stride) {
       for (uint32_t h = 0; h < g.kv_heads; h++) {
         const RowSlot at = a.slots[r];
@@ -156,6 +158,7 @@ class CpuBackend final : public Backend {
   }
 
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {
+    apply(g, b.table);
     const DecodePlan &plan = *b.plan;
     const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads;
     const size_t items = plan.chunks.size() * g.kv_heads;
@@ -171,6 +174,12 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
  private:
+  static void apply(const PoolGeometry &g, const TableUpdates &t) {
+    auto *table = reinterpret_cast<uint32_t *>(host(g.table));
+    for (uint32_t i = 0; i < t.count; i++)
+      table[size_t(t.entries[i].seq_slot) * g.table_stride + t.entries[i].index] = t.entries[i].page;
+  }
+
   // Calls fn(row, scratch, bytes per row of one head) for every row, spread over the workers.
   template <class Fn> void for_rows(const PoolGeometry &g, const RowTransfer &a, Fn fn) {
     const size_t stride = size_t(g.head_dim) * io_elem_bytes(a.format);

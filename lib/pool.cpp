@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <unordered_set>
 
 #include "error.hpp"
 #include "plan.hpp"
@@ -19,6 +20,9 @@ pkv::PoolGeometry make_geometry(const pkv_pool_desc &d) {
   g.head_dim = d.head_dim;
   g.page_size = d.page_size;
   g.pages = d.pages;
+  g.max_sequences = d.max_sequences;
+  const uint64_t max_length = d.max_sequence_length ? d.max_sequence_length : uint64_t(d.pages) * d.page_size;
+  g.table_stride = uint32_t(std::min<uint64_t>(d.pages, (max_length + d.page_size - 1) / d.page_size));
   g.k = pkv::make_plane_layout(d.k_format, d.kv_heads, d.page_size, d.head_dim);
   g.v = pkv::make_plane_layout(d.v_format, d.kv_heads, d.page_size, d.head_dim);
   g.block_bytes = g.k.bytes + g.v.bytes;
@@ -47,14 +51,34 @@ void check_pointer(const void *p, const char *what) {
 
 pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
     : ctx_(ctx), geometry_(make_geometry(desc)), handles_(desc.max_sequences), pages_(desc.pages, desc.page_order_seed),
-      seqs_(desc.max_sequences) {
+      seqs_(desc.max_sequences),
+      max_length_(std::min<uint64_t>(uint64_t(geometry_.table_stride) * desc.page_size, UINT32_MAX)) {
   geometry_.base = ctx_->backend->alloc(geometry_.total_bytes());
+  try {
+    geometry_.table = ctx_->backend->alloc(geometry_.table_bytes());
+  } catch (...) {
+    ctx_->backend->release(geometry_.base);
+    throw;
+  }
   ctx_->pools++;
 }
 
 pkv_pool::~pkv_pool() {
+  ctx_->backend->release(geometry_.table);
   ctx_->backend->release(geometry_.base);
   ctx_->pools--;
+}
+
+pkv::TableUpdates pkv_pool::table_updates() {
+  // Walk from the newest entry and keep each (slot, index) once: devices apply them in parallel.
+  std::vector<pkv::TableEntry> compact;
+  std::unordered_set<uint64_t> seen;
+  for (auto it = pending_.rbegin(); it != pending_.rend(); ++it)
+    if (seen.insert(uint64_t(it->seq_slot) << 32 | it->index).second) compact.push_back(*it);
+  std::reverse(compact.begin(), compact.end());
+  // The compacted list stays queued until a backend call has applied it.
+  pending_.swap(compact);
+  return {pending_.data(), uint32_t(pending_.size())};
 }
 
 std::vector<uint32_t> pkv_pool::resolve_batch(const pkv_seq *seqs, uint32_t count, const char *what, bool unique) {
@@ -114,8 +138,12 @@ pkv_seq pkv_pool::fork(pkv_seq parent) {
   if (handles_.full()) fail(PKV_ERR_OUT_OF_SEQUENCES, "all %u sequence slots are in use", handles_.capacity());
   Sequence copy = seqs_[from];
   uint32_t slot;
-  const pkv_seq child = handles_.acquire(&slot); // nothing below throws
-  for (uint32_t p : copy.pages) pages_.retain(p);
+  pending_.reserve(pending_.size() + copy.pages.size()); // so that nothing below throws
+  const pkv_seq child = handles_.acquire(&slot);
+  for (uint32_t i = 0; i < copy.pages.size(); i++) {
+    pages_.retain(copy.pages[i]);
+    pending_.push_back({slot, i, copy.pages[i]});
+  }
   tokens_live_ += copy.length;
   seqs_[slot] = std::move(copy);
   return child;
@@ -149,8 +177,9 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
   for (uint32_t i = 0; i < count; i++) {
     const Sequence &s = seqs_[slots[i]];
     const uint64_t end = uint64_t(s.length) + n_new[i];
-    if (end > std::numeric_limits<uint32_t>::max())
-      fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u]: length %u + n_new %u overflows a 32-bit length", i, s.length, n_new[i]);
+    if (end > max_length_)
+      fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u]: length %u + n_new %u passes the pool's longest sequence, %llu tokens",
+           i, s.length, n_new[i], (unsigned long long)max_length_);
     // Appending into a partly filled page that a fork also holds: this sequence takes a private copy.
     copy_last[i] = n_new[i] > 0 && s.length % geometry_.page_size != 0 && pages_.refs(s.pages.back()) > 1;
     need += pages_for(end) - s.pages.size() + copy_last[i];
@@ -171,6 +200,7 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
       Sequence &s = seqs_[slots[i]];
       s.pages.reserve(pages_for(uint64_t(s.length) + n_new[i]));
     }
+    pending_.reserve(pending_.size() + need);
     if (!copies.empty()) ctx_->backend->copy_pages(geometry_, copies.data(), uint32_t(copies.size()));
   } catch (...) {
     for (uint32_t p : fresh) pages_.release(p);
@@ -183,8 +213,12 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
     if (copy_last[i]) {
       pages_.release(s.pages.back());
       s.pages.back() = fresh[next++];
+      pending_.push_back({slots[i], uint32_t(s.pages.size() - 1), s.pages.back()});
     }
-    while (s.pages.size() < pages_for(uint64_t(s.length) + n_new[i])) s.pages.push_back(fresh[next++]);
+    while (s.pages.size() < pages_for(uint64_t(s.length) + n_new[i])) {
+      pending_.push_back({slots[i], uint32_t(s.pages.size()), fresh[next]});
+      s.pages.push_back(fresh[next++]);
+    }
     s.length += n_new[i];
     tokens_live_ += n_new[i];
   }
@@ -217,6 +251,7 @@ void pkv_pool::write(const pkv_write_args &a) {
   }
   if (targets.empty()) return;
   pkv::ScatterArgs args{};
+  args.table = table_updates();
   args.layer = a.layer;
   args.rows = uint32_t(targets.size());
   args.format = a.src_format;
@@ -225,6 +260,7 @@ void pkv_pool::write(const pkv_write_args &a) {
   args.k = a.k;
   args.v = a.v;
   ctx_->backend->scatter(geometry_, args);
+  pending_.clear();
 }
 
 void pkv_pool::read(const pkv_read_args &a) {
@@ -241,6 +277,7 @@ void pkv_pool::read(const pkv_read_args &a) {
   std::vector<pkv::RowSlot> sources(a.count);
   for (uint32_t i = 0; i < a.count; i++) sources[i] = slot_of(s, a.start + i);
   pkv::GatherArgs args{};
+  args.table = table_updates();
   args.layer = a.layer;
   args.rows = a.count;
   args.format = a.dst_format;
@@ -249,6 +286,7 @@ void pkv_pool::read(const pkv_read_args &a) {
   args.k = a.k;
   args.v = a.v;
   ctx_->backend->gather(geometry_, args);
+  pending_.clear();
 }
 
 void pkv_pool::decode(const pkv_decode_args &a) {
@@ -271,18 +309,13 @@ void pkv_pool::decode(const pkv_decode_args &a) {
 
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
-  std::vector<uint32_t> lengths(a.count), page_begin(a.count + 1), page_ids;
-  for (uint32_t i = 0; i < a.count; i++) {
-    const Sequence &s = seqs_[slots[i]];
-    lengths[i] = s.length;
-    page_begin[i] = uint32_t(page_ids.size());
-    page_ids.insert(page_ids.end(), s.pages.begin(), s.pages.end());
-  }
-  page_begin[a.count] = uint32_t(page_ids.size());
+  std::vector<uint32_t> lengths(a.count);
+  for (uint32_t i = 0; i < a.count; i++) lengths[i] = seqs_[slots[i]].length;
   const pkv::DecodePlan plan = pkv::make_plan(
       {lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, ctx_->backend->workers()});
 
   pkv::DecodeBatch batch{};
+  batch.table = table_updates();
   batch.layer = a.layer;
   batch.count = a.count;
   batch.q_heads = a.q_heads;
@@ -293,11 +326,11 @@ void pkv_pool::decode(const pkv_decode_args &a) {
   batch.q = a.q;
   batch.out = a.out;
   batch.lse = a.lse;
+  batch.seq_slots = slots.data();
   batch.lengths = lengths.data();
-  batch.page_begin = page_begin.data();
-  batch.page_ids = page_ids.data();
   batch.plan = &plan;
   ctx_->backend->decode(geometry_, batch);
+  pending_.clear();
 }
 
 pkv_pool_stats pkv_pool::stats() {

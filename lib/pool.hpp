@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend.hpp"
 #include "context.hpp"
 #include "handle_table.hpp"
 #include "page_allocator.hpp"
@@ -43,6 +44,8 @@ struct pkv_pool {
   std::vector<uint32_t> resolve_batch(const pkv_seq *seqs, uint32_t count, const char *what, bool unique);
   void drop_pages(Sequence &s, uint32_t keep);
   pkv::RowSlot slot_of(const Sequence &s, uint32_t position) const;
+  // The queued page-table changes, last write per entry kept, ready for the next device operation.
+  pkv::TableUpdates table_updates();
 
   pkv_context *ctx_;
   pkv::PoolGeometry geometry_;
@@ -51,4 +54,6 @@ struct pkv_pool {
   pkv::PageAllocator pages_;
   std::vector<Sequence> seqs_;
   uint64_t tokens_live_ = 0;
+  uint64_t max_length_;
+  std::vector<pkv::TableEntry> pending_;
 };

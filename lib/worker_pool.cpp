@@ -1,5 +1,7 @@
 #include "worker_pool.hpp"
 
+#include <utility>
+
 namespace pkv {
 
 WorkerPool::WorkerPool(uint32_t threads) {
@@ -21,7 +23,12 @@ void WorkerPool::drain() {
   while (next_ < n_) {
     const uint32_t i = next_++;
     lock.unlock();
-    (*fn_)(i);
+    try {
+      (*fn_)(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> first(error_mu_);
+      if (!error_) error_ = std::current_exception();
+    }
     lock.lock();
     if (++finished_ == n_) done_.notify_all();
   }
@@ -60,6 +67,7 @@ void WorkerPool::run(uint32_t n, const std::function<void(uint32_t)> &fn) {
   std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [&] { return finished_ == n_; });
   fn_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 } // namespace pkv

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -19,7 +20,8 @@ class WorkerPool {
   WorkerPool &operator=(const WorkerPool &) = delete;
 
   uint32_t threads() const { return uint32_t(workers_.size()) + 1; }
-  // Runs fn(i) for every i < n, spread over the threads; returns when all are done.
+  // Runs fn(i) for every i < n, spread over the threads; returns when all are done, rethrowing the
+  // first exception an item threw.
   void run(uint32_t n, const std::function<void(uint32_t)> &fn);
 
  private:
@@ -34,6 +36,8 @@ class WorkerPool {
   uint32_t n_ = 0, next_ = 0, finished_ = 0;
   uint64_t round_ = 0;
   bool stop_ = false;
+  std::mutex error_mu_;
+  std::exception_ptr error_;
 };
 
 } // namespace pkv
