@@ -52,7 +52,8 @@ void check_pointer(const void *p, const char *what) {
 pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
     : ctx_(ctx), geometry_(make_geometry(desc)), handles_(desc.max_sequences), pages_(desc.pages, desc.page_order_seed),
       seqs_(desc.max_sequences),
-      max_length_(std::min<uint64_t>(uint64_t(geometry_.table_stride) * desc.page_size, UINT32_MAX)) {
+      max_length_(std::min<uint64_t>(desc.max_sequence_length ? desc.max_sequence_length : UINT32_MAX,
+                                     uint64_t(desc.pages) * desc.page_size)) {
   geometry_.base = ctx_->backend->alloc(geometry_.total_bytes());
   try {
     geometry_.table = ctx_->backend->alloc(geometry_.table_bytes());
@@ -173,6 +174,7 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
 
   // Count every page first, so that a batch which does not fit changes nothing.
   std::vector<uint8_t> copy_last(count, 0);
+  std::vector<uint32_t> new_pages(count);
   uint64_t need = 0;
   for (uint32_t i = 0; i < count; i++) {
     const Sequence &s = seqs_[slots[i]];
@@ -182,7 +184,8 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
            i, s.length, n_new[i], (unsigned long long)max_length_);
     // Appending into a partly filled page that a fork also holds: this sequence takes a private copy.
     copy_last[i] = n_new[i] > 0 && s.length % geometry_.page_size != 0 && pages_.refs(s.pages.back()) > 1;
-    need += pages_for(end) - s.pages.size() + copy_last[i];
+    new_pages[i] = pages_for(end) - uint32_t(s.pages.size());
+    need += new_pages[i] + copy_last[i];
   }
   if (need > pages_.free())
     fail(PKV_ERR_OUT_OF_PAGES, "the batch needs %llu new pages and the pool has %u free of %u; nothing was appended",
@@ -191,10 +194,13 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
   std::vector<uint32_t> fresh;
   fresh.reserve(need);
   pages_.take(uint32_t(need), &fresh);
+  // Sequence i takes its copy-on-write page (if any), then its new pages, from fresh in batch order.
   std::vector<pkv::PageCopy> copies;
   size_t next = 0;
-  for (uint32_t i = 0; i < count; i++)
+  for (uint32_t i = 0; i < count; i++) {
     if (copy_last[i]) copies.push_back({seqs_[slots[i]].pages.back(), fresh[next++]});
+    next += new_pages[i];
+  }
   try {
     for (uint32_t i = 0; i < count; i++) { // so that the commit below cannot throw
       Sequence &s = seqs_[slots[i]];
@@ -215,7 +221,7 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
       s.pages.back() = fresh[next++];
       pending_.push_back({slots[i], uint32_t(s.pages.size() - 1), s.pages.back()});
     }
-    while (s.pages.size() < pages_for(uint64_t(s.length) + n_new[i])) {
+    for (uint32_t k = 0; k < new_pages[i]; k++) {
       pending_.push_back({slots[i], uint32_t(s.pages.size()), fresh[next]});
       s.pages.push_back(fresh[next++]);
     }
