@@ -1,0 +1,852 @@
+/* Bad input at every public entry point: each call must return the documented status, say why in
+ * pkv_last_error(), and change nothing. Every row of the table below is one bad call made on a fresh
+ * fixture (a context, two pools with written sequences, a forked one, a freed handle); the pools'
+ * statistics, their sequences' lengths and the K/V rows read back are compared before and after it.
+ * A few rows are calls that must succeed (count 0 with NULL arrays, NULL to the destroy functions, a
+ * struct_size larger than this header's); for those pkv_last_error() must be empty. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define CHECK_OK(call)                                                                               \
+  do {                                                                                               \
+    pkv_status st_ = (call);                                                                         \
+    if (st_ != PKV_OK) fail_msg("%s -> %s (%s)", #call, pkv_status_string(st_), pkv_last_error()); \
+  } while (0)
+
+#define LAYERS 2
+#define KV_HEADS 2
+#define HEAD_DIM 32
+#define ROW (KV_HEADS * HEAD_DIM)
+#define PAGE_SIZE 4
+#define PAGES 12
+#define Q_HEADS 4
+#define SRC_ROWS 16 /* rows in the write source buffers: more than any call here asks for */
+#define N_TRACKED 5
+
+#define INVALID PKV_ERR_INVALID_ARGUMENT
+#define STALE PKV_ERR_STALE_HANDLE
+
+static uint64_t g_seed;
+
+/* What the pools hold, as seen through the API. */
+typedef struct snapshot {
+  pkv_pool_stats stats[2];
+  uint32_t len[N_TRACKED];
+  float *rows[N_TRACKED]; /* [layer][k, v][len][ROW] */
+} snapshot;
+
+struct bad_case;
+
+typedef struct fixture {
+  const struct bad_case *c;
+  pkv_context *ctx;
+  pkv_pool *pool, *pool2;
+  /* pool: a (6 tokens, its pages shared with fork), b (3), empty (0), fork (of a), freed (stale);
+   * pool2: other (2 tokens) */
+  pkv_seq a, b, empty, fork, freed, other;
+  pkv_seq batch[3]; /* a, b, empty: the decode batch */
+  pkv_pool *tracked_pool[N_TRACKED];
+  pkv_seq tracked[N_TRACKED];
+  uint32_t tracked_layers[N_TRACKED];
+  float k[SRC_ROWS * ROW], v[SRC_ROWS * ROW];                    /* write sources */
+  float rk[SRC_ROWS * ROW], rv[SRC_ROWS * ROW];                  /* read destinations */
+  float q[3 * Q_HEADS * HEAD_DIM], out[3 * Q_HEADS * HEAD_DIM], lse[3 * Q_HEADS];
+  snapshot before, after;
+} fixture;
+
+typedef struct bad_case {
+  const char *name;
+  pkv_status (*call)(fixture *f, int variant);
+  int variant;
+  pkv_status expect;
+  pkv_status also; /* a second acceptable status; PKV_OK: none */
+  int mutates;     /* an accepted call that rightly changes the pool: no before/after comparison */
+} bad_case;
+
+/* ---------------------------------------------------------------------------------------------------
+ * Fixture
+ * ------------------------------------------------------------------------------------------------- */
+
+static void fill_random(tu_rng *r, float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = (float)tu_uniform(r, -1.0, 1.0);
+}
+
+static pkv_pool_desc desc_of(uint32_t layers, uint32_t pages, pkv_format k, pkv_format v, uint32_t seed) {
+  pkv_pool_desc d = PKV_POOL_DESC_INIT;
+  d.layers = layers;
+  d.kv_heads = KV_HEADS;
+  d.head_dim = HEAD_DIM;
+  d.page_size = PAGE_SIZE;
+  d.pages = pages;
+  d.max_sequences = 8;
+  d.k_format = k;
+  d.v_format = v;
+  d.page_order_seed = seed;
+  return d;
+}
+
+/* Appends n[i] tokens to s[i] and writes random rows for them in every layer. */
+static void fill(fixture *f, pkv_pool *pool, uint32_t layers, const pkv_seq *s, const uint32_t *n,
+                 uint32_t count, tu_rng *r) {
+  CHECK_OK(pkv_append(pool, s, n, count));
+  for (uint32_t l = 0; l < layers; l++) {
+    fill_random(r, f->k, SRC_ROWS * ROW);
+    fill_random(r, f->v, SRC_ROWS * ROW);
+    pkv_write_args w = PKV_WRITE_ARGS_INIT;
+    w.layer = l;
+    w.seqs = s;
+    w.n_tokens = n;
+    w.count = count;
+    w.k = f->k;
+    w.v = f->v;
+    CHECK_OK(pkv_write(pool, &w));
+  }
+}
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  if (!f) return -1;
+  f->c = *state;
+  *state = f;
+  return 0;
+}
+
+/* Called by the test itself rather than the setup, so that it may skip. */
+static void open_fixture(fixture *f) {
+  tu_rng r = tu_rng_make(g_seed);
+
+  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  pkv_status st = pkv_context_create(&cd, &f->ctx);
+  if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
+    print_message("    skipped: %s\n", pkv_last_error());
+    skip();
+  }
+  CHECK_OK(st);
+  /* Quantized K and BF16 V so the read-back compares what the pages really hold. */
+  pkv_pool_desc d = desc_of(LAYERS, PAGES, PKV_FORMAT_Q8_0, PKV_FORMAT_BF16, 1 + tu_below(&r, 1000000));
+  CHECK_OK(pkv_pool_create(f->ctx, &d, &f->pool));
+  pkv_pool_desc d2 = desc_of(1, 4, PKV_FORMAT_F16, PKV_FORMAT_F16, 0);
+  CHECK_OK(pkv_pool_create(f->ctx, &d2, &f->pool2));
+
+  /* freed first, so the slot it leaves is likely reused by a live sequence of a newer generation */
+  CHECK_OK(pkv_seq_alloc(f->pool, &f->freed));
+  CHECK_OK(pkv_seq_free(f->pool, f->freed));
+  CHECK_OK(pkv_seq_alloc(f->pool, &f->a));
+  CHECK_OK(pkv_seq_alloc(f->pool, &f->b));
+  CHECK_OK(pkv_seq_alloc(f->pool, &f->empty));
+  const pkv_seq ab[2] = {f->a, f->b};
+  const uint32_t n_ab[2] = {6, 3};
+  fill(f, f->pool, LAYERS, ab, n_ab, 2, &r);
+  CHECK_OK(pkv_seq_fork(f->pool, f->a, &f->fork));
+  CHECK_OK(pkv_seq_alloc(f->pool2, &f->other));
+  const uint32_t two = 2;
+  fill(f, f->pool2, 1, &f->other, &two, 1, &r);
+
+  f->batch[0] = f->a;
+  f->batch[1] = f->b;
+  f->batch[2] = f->empty;
+  const pkv_seq tracked[N_TRACKED] = {f->a, f->b, f->empty, f->fork, f->other};
+  for (int i = 0; i < N_TRACKED; i++) {
+    f->tracked[i] = tracked[i];
+    f->tracked_pool[i] = i < 4 ? f->pool : f->pool2;
+    f->tracked_layers[i] = i < 4 ? LAYERS : 1;
+  }
+  fill_random(&r, f->k, SRC_ROWS * ROW);
+  fill_random(&r, f->v, SRC_ROWS * ROW);
+  fill_random(&r, f->q, 3 * Q_HEADS * HEAD_DIM);
+}
+
+static void free_snapshot(snapshot *s) {
+  for (int i = 0; i < N_TRACKED; i++) free(s->rows[i]), s->rows[i] = NULL;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  free_snapshot(&f->before);
+  free_snapshot(&f->after);
+  /* Also checks that a context whose destruction was refused is still whole. */
+  CHECK_OK(pkv_pool_destroy(f->pool));
+  CHECK_OK(pkv_pool_destroy(f->pool2));
+  CHECK_OK(pkv_context_destroy(f->ctx)); /* NULL when skipped */
+  free(f);
+  return 0;
+}
+
+static void take(fixture *f, snapshot *s) {
+  pkv_pool *pools[2] = {f->pool, f->pool2};
+  for (int p = 0; p < 2; p++) {
+    pkv_pool_stats st = PKV_POOL_STATS_INIT;
+    CHECK_OK(pkv_pool_get_stats(pools[p], &st));
+    s->stats[p] = st;
+  }
+  for (int i = 0; i < N_TRACKED; i++) {
+    uint32_t len = 0, layers = f->tracked_layers[i];
+    CHECK_OK(pkv_seq_length(f->tracked_pool[i], f->tracked[i], &len));
+    s->len[i] = len;
+    s->rows[i] = calloc((size_t)layers * 2 * len * ROW + 1, sizeof(float));
+    for (uint32_t l = 0; l < layers && len; l++) {
+      pkv_read_args ra = PKV_READ_ARGS_INIT;
+      ra.layer = l;
+      ra.seq = f->tracked[i];
+      ra.count = len;
+      ra.k = s->rows[i] + (size_t)l * 2 * len * ROW;
+      ra.v = s->rows[i] + ((size_t)l * 2 + 1) * len * ROW;
+      CHECK_OK(pkv_read(f->tracked_pool[i], &ra));
+    }
+  }
+}
+
+static void assert_same(const fixture *f, const snapshot *x, const snapshot *y) {
+  const char *name = f->c->name;
+  for (int p = 0; p < 2; p++) {
+    const pkv_pool_stats *a = &x->stats[p], *b = &y->stats[p];
+#define SAME(field)                                                                                  \
+  if (a->field != b->field)                                                                          \
+  fail_msg("%s: pool %d stats." #field " changed from %llu to %llu", name, p + 1,                   \
+           (unsigned long long)a->field, (unsigned long long)b->field)
+    SAME(pages_total);
+    SAME(pages_free);
+    SAME(pages_shared);
+    SAME(sequences_live);
+    SAME(max_sequences);
+    SAME(tokens_live);
+    SAME(bytes_total);
+    SAME(bytes_per_page);
+    SAME(bytes_per_token);
+#undef SAME
+  }
+  static const char *names[N_TRACKED] = {"a", "b", "empty", "fork", "other"};
+  for (int i = 0; i < N_TRACKED; i++) {
+    if (x->len[i] != y->len[i])
+      fail_msg("%s: length of %s changed from %u to %u", name, names[i], x->len[i], y->len[i]);
+    if (memcmp(x->rows[i], y->rows[i], (size_t)f->tracked_layers[i] * 2 * x->len[i] * ROW * sizeof(float)))
+      fail_msg("%s: the K/V rows of %s changed", name, names[i]);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Valid calls; each bad call below changes one thing in one of them.
+ * ------------------------------------------------------------------------------------------------- */
+static const uint32_t one = 1, two = 2;
+
+static pkv_context_desc good_ctx_desc(void) {
+  pkv_context_desc d = PKV_CONTEXT_DESC_INIT;
+  return d;
+}
+static pkv_pool_desc good_pool_desc(void) { return desc_of(1, 2, PKV_FORMAT_F16, PKV_FORMAT_Q4_0, 0); }
+static pkv_backend_info good_info(void) {
+  pkv_backend_info i = PKV_BACKEND_INFO_INIT;
+  return i;
+}
+static pkv_pool_stats good_stats(void) {
+  pkv_pool_stats s = PKV_POOL_STATS_INIT;
+  return s;
+}
+/* the newest 2 of b's 3 tokens, layer 1 */
+static pkv_write_args good_write(fixture *f) {
+  pkv_write_args a = PKV_WRITE_ARGS_INIT;
+  a.layer = 1;
+  a.seqs = &f->b;
+  a.n_tokens = &two;
+  a.count = 1;
+  a.k = f->k;
+  a.v = f->v;
+  return a;
+}
+/* tokens 1..5 of a, layer 1 */
+static pkv_read_args good_read(fixture *f) {
+  pkv_read_args a = PKV_READ_ARGS_INIT;
+  a.layer = 1;
+  a.seq = f->a;
+  a.start = 1;
+  a.count = 5;
+  a.k = f->rk;
+  a.v = f->rv;
+  return a;
+}
+/* a, b and empty, layer 1 */
+static pkv_decode_args good_decode(fixture *f) {
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.layer = 1;
+  a.seqs = f->batch;
+  a.count = 3;
+  a.q_heads = Q_HEADS;
+  a.q = f->q;
+  a.out = f->out;
+  a.lse = f->lse;
+  return a;
+}
+
+/* Creation calls clean up after themselves when they (wrongly or rightly) succeed. */
+static pkv_status try_ctx(const pkv_context_desc *d) {
+  pkv_context *c = NULL;
+  pkv_status st = pkv_context_create(d, &c);
+  if (st == PKV_OK) CHECK_OK(pkv_context_destroy(c));
+  return st;
+}
+static pkv_status try_pool(fixture *f, const pkv_pool_desc *d) {
+  pkv_pool *p = NULL;
+  pkv_status st = pkv_pool_create(f->ctx, d, &p);
+  if (st == PKV_OK) CHECK_OK(pkv_pool_destroy(p));
+  return st;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The bad calls
+ * ------------------------------------------------------------------------------------------------- */
+
+/* A call on a copy of a valid struct with one edit. Variadic so edits may contain commas. */
+#define EDIT(fn, T, make, call, ...)                                                                \
+  static pkv_status fn(fixture *f, int variant) {                                                    \
+    (void)f, (void)variant;                                                                          \
+    T a = make;                                                                                      \
+    __VA_ARGS__;                                                                                     \
+    return call;                                                                                     \
+  }
+#define CALL(fn, ...)                                                                                \
+  static pkv_status fn(fixture *f, int variant) {                                                    \
+    (void)f, (void)variant;                                                                          \
+    __VA_ARGS__;                                                                                     \
+  }
+#define CTX(fn, ...) EDIT(fn, pkv_context_desc, good_ctx_desc(), try_ctx(&a), __VA_ARGS__)
+#define POOL(fn, ...) EDIT(fn, pkv_pool_desc, good_pool_desc(), try_pool(f, &a), __VA_ARGS__)
+#define WRITE(fn, ...) EDIT(fn, pkv_write_args, good_write(f), pkv_write(f->pool, &a), __VA_ARGS__)
+#define READ(fn, ...) EDIT(fn, pkv_read_args, good_read(f), pkv_read(f->pool, &a), __VA_ARGS__)
+#define DECODE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode(f->pool, &a), __VA_ARGS__)
+
+/* struct_size: 0, just the size field, all but the last field, one byte short of it, or larger than this
+ * header's struct with the extra bytes zero (a newer caller's fields at their defaults). */
+enum { SZ_ZERO, SZ_FOUR, SZ_NO_LAST, SZ_SHORT, SZ_LARGER };
+#define SIZED(fn, T, last, make, call)                                                              \
+  static pkv_status fn(fixture *f, int variant) {                                                    \
+    struct {                                                                                         \
+      T a;                                                                                           \
+      unsigned char more[32];                                                                        \
+    } big;                                                                                           \
+    (void)f;                                                                                         \
+    memset(&big, 0, sizeof big);                                                                     \
+    big.a = make;                                                                                    \
+    const uint32_t sizes[] = {0, 4, (uint32_t)offsetof(T, last), (uint32_t)(offsetof(T, last) + sizeof(((T *)0)->last) - 1), \
+                              (uint32_t)sizeof big};                                                 \
+    big.a.struct_size = sizes[variant];                                                              \
+    T *a = &big.a;                                                                                   \
+    return call;                                                                                     \
+  }
+
+/* Contexts */
+CALL(ctx_create_desc_null, pkv_context *c = NULL; pkv_status st = pkv_context_create(NULL, &c);
+     if (st == PKV_OK) pkv_context_destroy(c); return st)
+CALL(ctx_create_out_null, pkv_context_desc d = good_ctx_desc(); return pkv_context_create(&d, NULL))
+CTX(ctx_create_backend_unknown, a.backend = (pkv_backend)7)
+/* Enums are 32-bit: a C caller may pass any value, negative ones included. */
+CTX(ctx_create_backend_negative, a.backend = (pkv_backend)-1)
+SIZED(ctx_create_sized, pkv_context_desc, stream, good_ctx_desc(), try_ctx(a))
+
+/* A GPU backend that this build or machine does not offer: skipped where it is usable. */
+static pkv_status gpu_absent(pkv_backend backend) {
+  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+  if (pkv_backend_query(backend, &info) == PKV_OK && info.compiled && info.device_count > 0) skip();
+  pkv_context_desc d = good_ctx_desc();
+  d.backend = backend;
+  return try_ctx(&d);
+}
+CALL(ctx_create_cuda_absent, return gpu_absent(PKV_BACKEND_CUDA))
+CALL(ctx_create_hip_absent, return gpu_absent(PKV_BACKEND_HIP))
+
+CALL(ctx_destroy_null, return pkv_context_destroy(NULL))
+CALL(ctx_destroy_live_pool, return pkv_context_destroy(f->ctx))
+CALL(ctx_backend_ctx_null, pkv_backend b; return pkv_context_backend(NULL, &b))
+CALL(ctx_backend_out_null, return pkv_context_backend(f->ctx, NULL))
+CALL(ctx_synchronize_null, return pkv_context_synchronize(NULL))
+
+CALL(query_auto, pkv_backend_info i = good_info(); return pkv_backend_query(PKV_BACKEND_AUTO, &i))
+CALL(query_unknown, pkv_backend_info i = good_info(); return pkv_backend_query((pkv_backend)9, &i))
+CALL(query_negative, pkv_backend_info i = good_info(); return pkv_backend_query((pkv_backend)-1, &i))
+CALL(query_info_null, return pkv_backend_query(PKV_BACKEND_CPU, NULL))
+SIZED(query_sized, pkv_backend_info, detail, good_info(), pkv_backend_query(PKV_BACKEND_CPU, a))
+
+/* Pools */
+CALL(pool_create_ctx_null, pkv_pool_desc d = good_pool_desc(); pkv_pool *p = NULL;
+     pkv_status st = pkv_pool_create(NULL, &d, &p); if (st == PKV_OK) pkv_pool_destroy(p); return st)
+CALL(pool_create_desc_null, pkv_pool *p = NULL; pkv_status st = pkv_pool_create(f->ctx, NULL, &p);
+     if (st == PKV_OK) pkv_pool_destroy(p); return st)
+CALL(pool_create_out_null, pkv_pool_desc d = good_pool_desc(); return pkv_pool_create(f->ctx, &d, NULL))
+SIZED(pool_create_sized, pkv_pool_desc, page_order_seed, good_pool_desc(), try_pool(f, a))
+POOL(pool_layers_0, a.layers = 0)
+POOL(pool_kv_heads_0, a.kv_heads = 0)
+POOL(pool_head_dim_0, a.head_dim = 0)
+POOL(pool_head_dim_16, a.head_dim = 16)
+POOL(pool_head_dim_48, a.head_dim = 48)
+POOL(pool_head_dim_288, a.head_dim = 288)
+POOL(pool_page_size_0, a.page_size = 0)
+POOL(pool_page_size_3, a.page_size = 3)
+POOL(pool_page_size_24, a.page_size = 24)
+POOL(pool_page_size_2048, a.page_size = 2048)
+POOL(pool_pages_0, a.pages = 0)
+POOL(pool_max_sequences_0, a.max_sequences = 0)
+POOL(pool_max_sequences_too_many, a.max_sequences = 1048577)
+POOL(pool_k_format_invalid, a.k_format = PKV_FORMAT_INVALID)
+POOL(pool_k_format_unknown, a.k_format = (pkv_format)6)
+POOL(pool_k_format_negative, a.k_format = (pkv_format)-1)
+POOL(pool_v_format_invalid, a.v_format = PKV_FORMAT_INVALID)
+POOL(pool_v_format_unknown, a.v_format = (pkv_format)99)
+CALL(pool_destroy_null, return pkv_pool_destroy(NULL))
+CALL(stats_pool_null, pkv_pool_stats s = good_stats(); return pkv_pool_get_stats(NULL, &s))
+CALL(stats_out_null, return pkv_pool_get_stats(f->pool, NULL))
+SIZED(stats_sized, pkv_pool_stats, bytes_per_token, good_stats(), pkv_pool_get_stats(f->pool, a))
+
+/* Sequences */
+static const pkv_seq zero = {0}, garbage = {~(uint64_t)0};
+CALL(seq_alloc_pool_null, pkv_seq s; return pkv_seq_alloc(NULL, &s))
+CALL(seq_alloc_out_null, return pkv_seq_alloc(f->pool, NULL))
+CALL(seq_free_pool_null, return pkv_seq_free(NULL, f->b))
+CALL(seq_free_zero, return pkv_seq_free(f->pool, zero))
+CALL(seq_free_freed, return pkv_seq_free(f->pool, f->freed))
+CALL(seq_free_other_pool, return pkv_seq_free(f->pool, f->other))
+CALL(seq_free_in_other_pool, return pkv_seq_free(f->pool2, f->b))
+CALL(seq_free_garbage, return pkv_seq_free(f->pool, garbage))
+CALL(seq_fork_pool_null, pkv_seq s; return pkv_seq_fork(NULL, f->b, &s))
+CALL(seq_fork_child_null, return pkv_seq_fork(f->pool, f->b, NULL))
+CALL(seq_fork_zero, pkv_seq s; return pkv_seq_fork(f->pool, zero, &s))
+CALL(seq_fork_freed, pkv_seq s; return pkv_seq_fork(f->pool, f->freed, &s))
+CALL(seq_fork_other_pool, pkv_seq s; return pkv_seq_fork(f->pool, f->other, &s))
+CALL(seq_truncate_pool_null, return pkv_seq_truncate(NULL, f->b, 1))
+CALL(seq_truncate_zero, return pkv_seq_truncate(f->pool, zero, 0))
+CALL(seq_truncate_freed, return pkv_seq_truncate(f->pool, f->freed, 0))
+CALL(seq_truncate_other_pool, return pkv_seq_truncate(f->pool, f->other, 0))
+CALL(seq_truncate_past_length, return pkv_seq_truncate(f->pool, f->b, 4))
+CALL(seq_truncate_empty_to_1, return pkv_seq_truncate(f->pool, f->empty, 1))
+CALL(seq_truncate_uint32_max, return pkv_seq_truncate(f->pool, f->a, UINT32_MAX))
+CALL(seq_length_pool_null, uint32_t n; return pkv_seq_length(NULL, f->b, &n))
+CALL(seq_length_out_null, return pkv_seq_length(f->pool, f->b, NULL))
+CALL(seq_length_zero, uint32_t n; return pkv_seq_length(f->pool, zero, &n))
+CALL(seq_length_freed, uint32_t n; return pkv_seq_length(f->pool, f->freed, &n))
+CALL(seq_length_other_pool, uint32_t n; return pkv_seq_length(f->pool, f->other, &n))
+CALL(seq_length_garbage, uint32_t n; return pkv_seq_length(f->pool, garbage, &n))
+
+/* Append. Several-sequence calls put the bad one last, after valid ones that must not change. */
+CALL(append_pool_null, return pkv_append(NULL, &f->b, &one, 1))
+CALL(append_seqs_null, return pkv_append(f->pool, NULL, &one, 1))
+CALL(append_n_new_null, return pkv_append(f->pool, &f->b, NULL, 1))
+CALL(append_zero, pkv_seq s[2] = {f->b, zero}; uint32_t n[2] = {1, 1}; return pkv_append(f->pool, s, n, 2))
+CALL(append_freed, pkv_seq s[2] = {f->b, f->freed}; uint32_t n[2] = {1, 1}; return pkv_append(f->pool, s, n, 2))
+CALL(append_other_pool, pkv_seq s[2] = {f->empty, f->other}; uint32_t n[2] = {5, 1};
+     return pkv_append(f->pool, s, n, 2))
+CALL(append_repeated, pkv_seq s[3] = {f->b, f->empty, f->b}; uint32_t n[3] = {1, 2, 1};
+     return pkv_append(f->pool, s, n, 3))
+/* a has 6 tokens: 6 + (2^32 - 6) does not fit 32 bits */
+CALL(append_overflow, pkv_seq s[2] = {f->b, f->a}; uint32_t n[2] = {1, UINT32_MAX - 5};
+     return pkv_append(f->pool, s, n, 2))
+/* 9 of the 12 pages (48 tokens) are free: b's 43 tokens would fit the pool, but not beside a */
+CALL(append_out_of_pages, pkv_seq s[2] = {f->empty, f->b}; uint32_t n[2] = {4, 40};
+     return pkv_append(f->pool, s, n, 2))
+/* more tokens than the whole pool holds: the pool is short (header), and no free page would help */
+CALL(append_past_pool_capacity, pkv_seq s[2] = {f->empty, f->b}; uint32_t n[2] = {4, 46};
+     return pkv_append(f->pool, s, n, 2))
+CALL(append_count_0_null, return pkv_append(f->pool, NULL, NULL, 0))
+
+/* Write */
+CALL(write_pool_null, pkv_write_args a = good_write(f); return pkv_write(NULL, &a))
+CALL(write_args_null, return pkv_write(f->pool, NULL))
+SIZED(write_sized, pkv_write_args, v, good_write(f), pkv_write(f->pool, a))
+WRITE(write_layer_past_end, a.layer = LAYERS)
+WRITE(write_layer_uint32_max, a.layer = UINT32_MAX)
+WRITE(write_seqs_null, a.seqs = NULL)
+WRITE(write_n_tokens_null, a.n_tokens = NULL)
+WRITE(write_k_null, a.k = NULL)
+WRITE(write_v_null, a.v = NULL)
+WRITE(write_zero, pkv_seq s[2] = {f->b, zero}; uint32_t n[2] = {1, 1}; a.seqs = s; a.n_tokens = n; a.count = 2)
+WRITE(write_freed, pkv_seq s[2] = {f->b, f->freed}; uint32_t n[2] = {1, 1}; a.seqs = s; a.n_tokens = n;
+      a.count = 2)
+WRITE(write_other_pool, pkv_seq s[2] = {f->b, f->other}; uint32_t n[2] = {1, 1}; a.seqs = s; a.n_tokens = n;
+      a.count = 2)
+WRITE(write_more_than_length, uint32_t n = 4; a.n_tokens = &n)
+WRITE(write_uint32_max_tokens, uint32_t n = UINT32_MAX; a.n_tokens = &n)
+WRITE(write_empty_sequence, pkv_seq s[2] = {f->b, f->empty}; uint32_t n[2] = {1, 1}; a.seqs = s;
+      a.n_tokens = n; a.count = 2)
+WRITE(write_repeated, pkv_seq s[2] = {f->b, f->b}; uint32_t n[2] = {1, 1}; a.seqs = s; a.n_tokens = n;
+      a.count = 2)
+WRITE(write_src_q8_0, a.src_format = PKV_FORMAT_Q8_0)
+WRITE(write_src_q4_0, a.src_format = PKV_FORMAT_Q4_0)
+WRITE(write_src_invalid, a.src_format = PKV_FORMAT_INVALID)
+WRITE(write_src_unknown, a.src_format = (pkv_format)42)
+WRITE(write_src_negative, a.src_format = (pkv_format)-2)
+WRITE(write_memory_unknown, a.memory = (pkv_memory)5)
+WRITE(write_memory_negative, a.memory = (pkv_memory)-1)
+/* a's last page is shared with fork (header: write targets must not lie in a shared page) */
+WRITE(write_shared_page, a.seqs = &f->a; a.n_tokens = &one)
+WRITE(write_count_0_null, a.seqs = NULL; a.n_tokens = NULL; a.k = NULL; a.v = NULL; a.count = 0)
+
+/* Read */
+CALL(read_pool_null, pkv_read_args a = good_read(f); return pkv_read(NULL, &a))
+CALL(read_args_null, return pkv_read(f->pool, NULL))
+SIZED(read_sized, pkv_read_args, v, good_read(f), pkv_read(f->pool, a))
+READ(read_layer_past_end, a.layer = LAYERS)
+READ(read_zero, a.seq = zero)
+READ(read_freed, a.seq = f->freed)
+READ(read_other_pool, a.seq = f->other)
+READ(read_past_length, a.start = 5; a.count = 2)
+READ(read_at_length, a.start = 6; a.count = 1)
+READ(read_start_past_length, a.start = 7; a.count = 0)
+READ(read_wrapping_range, a.start = 1; a.count = UINT32_MAX)
+READ(read_empty_sequence, a.seq = f->empty; a.start = 0; a.count = 1)
+READ(read_no_destination, a.k = NULL; a.v = NULL)
+READ(read_dst_q8_0, a.dst_format = PKV_FORMAT_Q8_0)
+READ(read_dst_q4_0, a.dst_format = PKV_FORMAT_Q4_0)
+READ(read_dst_invalid, a.dst_format = PKV_FORMAT_INVALID)
+READ(read_dst_negative, a.dst_format = (pkv_format)-1)
+READ(read_memory_unknown, a.memory = (pkv_memory)5)
+
+/* Decode */
+CALL(decode_pool_null, pkv_decode_args a = good_decode(f); return pkv_decode(NULL, &a))
+CALL(decode_args_null, return pkv_decode(f->pool, NULL))
+SIZED(decode_sized, pkv_decode_args, chunk_pages, good_decode(f), pkv_decode(f->pool, a))
+DECODE(decode_layer_past_end, a.layer = LAYERS)
+DECODE(decode_seqs_null, a.seqs = NULL)
+DECODE(decode_q_null, a.q = NULL)
+DECODE(decode_out_null, a.out = NULL)
+DECODE(decode_zero, pkv_seq s[3] = {f->a, f->b, zero}; a.seqs = s)
+DECODE(decode_freed, pkv_seq s[3] = {f->a, f->b, f->freed}; a.seqs = s)
+DECODE(decode_other_pool, pkv_seq s[3] = {f->a, f->b, f->other}; a.seqs = s)
+DECODE(decode_q_heads_0, a.q_heads = 0)
+DECODE(decode_q_heads_1, a.q_heads = 1) /* fewer than kv_heads (2) */
+DECODE(decode_q_heads_3, a.q_heads = 3)
+DECODE(decode_q_tokens_2, a.q_tokens = 2)
+DECODE(decode_q_tokens_0, a.q_tokens = 0)
+DECODE(decode_scale_negative, a.scale = -0.125f)
+DECODE(decode_scale_nan, a.scale = NAN)
+DECODE(decode_scale_inf, a.scale = INFINITY)
+DECODE(decode_scale_minus_inf, a.scale = -INFINITY)
+DECODE(decode_q_q8_0, a.q_format = PKV_FORMAT_Q8_0)
+DECODE(decode_q_invalid, a.q_format = PKV_FORMAT_INVALID)
+DECODE(decode_out_q4_0, a.out_format = PKV_FORMAT_Q4_0)
+DECODE(decode_out_unknown, a.out_format = (pkv_format)17)
+DECODE(decode_out_negative, a.out_format = (pkv_format)-1)
+DECODE(decode_memory_unknown, a.memory = (pkv_memory)5)
+DECODE(decode_memory_negative, a.memory = (pkv_memory)-1)
+DECODE(decode_count_0_null, a.seqs = NULL; a.q = NULL; a.out = NULL; a.lse = NULL; a.count = 0)
+
+/* Format conversion */
+static float conv_src[64];
+static unsigned char conv_dst[256];
+CALL(from_f32_invalid, return pkv_convert_from_f32(PKV_FORMAT_INVALID, conv_src, 32, conv_dst))
+CALL(from_f32_unknown, return pkv_convert_from_f32((pkv_format)6, conv_src, 32, conv_dst))
+CALL(from_f32_negative, return pkv_convert_from_f32((pkv_format)-1, conv_src, 32, conv_dst))
+CALL(from_f32_q8_0_33, return pkv_convert_from_f32(PKV_FORMAT_Q8_0, conv_src, 33, conv_dst))
+CALL(from_f32_q4_0_16, return pkv_convert_from_f32(PKV_FORMAT_Q4_0, conv_src, 16, conv_dst))
+CALL(from_f32_src_null, return pkv_convert_from_f32(PKV_FORMAT_F16, NULL, 32, conv_dst))
+CALL(from_f32_dst_null, return pkv_convert_from_f32(PKV_FORMAT_F16, conv_src, 32, NULL))
+CALL(to_f32_invalid, return pkv_convert_to_f32(PKV_FORMAT_INVALID, conv_dst, 32, conv_src))
+CALL(to_f32_unknown, return pkv_convert_to_f32((pkv_format)6, conv_dst, 32, conv_src))
+CALL(to_f32_negative, return pkv_convert_to_f32((pkv_format)-1, conv_dst, 32, conv_src))
+CALL(to_f32_q8_0_33, return pkv_convert_to_f32(PKV_FORMAT_Q8_0, conv_dst, 33, conv_src))
+CALL(to_f32_q4_0_16, return pkv_convert_to_f32(PKV_FORMAT_Q4_0, conv_dst, 16, conv_src))
+CALL(to_f32_src_null, return pkv_convert_to_f32(PKV_FORMAT_BF16, NULL, 32, conv_src))
+CALL(to_f32_dst_null, return pkv_convert_to_f32(PKV_FORMAT_BF16, conv_dst, 32, NULL))
+
+/* The loaders' function table */
+CALL(get_api_version_0, const pkv_api *t = NULL; return pkv_get_api(0, &t))
+CALL(get_api_version_newer, const pkv_api *t = NULL; return pkv_get_api(PKV_API_VERSION + 1, &t))
+CALL(get_api_version_uint32_max, const pkv_api *t = NULL; return pkv_get_api(UINT32_MAX, &t))
+CALL(get_api_out_null, return pkv_get_api(PKV_API_VERSION, NULL))
+
+/* ---------------------------------------------------------------------------------------------------
+ * The table
+ * ------------------------------------------------------------------------------------------------- */
+#define BAD(fn, expect) {#fn, fn, 0, expect, PKV_OK, 0}
+#define BAD2(fn, expect, also) {#fn, fn, 0, expect, also, 0}
+#define OK(fn) {#fn, fn, 0, PKV_OK, PKV_OK, 0}
+#define SIZES(fn, larger_mutates)                                                                     \
+  {#fn " 0", fn, SZ_ZERO, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},                                           \
+      {#fn " 4", fn, SZ_FOUR, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},                                       \
+      {#fn " without the last field", fn, SZ_NO_LAST, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},               \
+      {#fn " one byte short", fn, SZ_SHORT, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},                         \
+      {#fn " larger", fn, SZ_LARGER, PKV_OK, PKV_OK, larger_mutates}
+
+static const bad_case cases[] = {
+    BAD(ctx_create_desc_null, INVALID),
+    BAD(ctx_create_out_null, INVALID),
+    BAD(ctx_create_backend_unknown, INVALID),
+    BAD(ctx_create_backend_negative, INVALID),
+    SIZES(ctx_create_sized, 0),
+    BAD2(ctx_create_cuda_absent, PKV_ERR_UNSUPPORTED, PKV_ERR_NO_DEVICE),
+    BAD2(ctx_create_hip_absent, PKV_ERR_UNSUPPORTED, PKV_ERR_NO_DEVICE),
+    OK(ctx_destroy_null),
+    BAD(ctx_destroy_live_pool, INVALID),
+    BAD(ctx_backend_ctx_null, INVALID),
+    BAD(ctx_backend_out_null, INVALID),
+    BAD(ctx_synchronize_null, INVALID),
+    BAD(query_auto, INVALID),
+    BAD(query_unknown, INVALID),
+    BAD(query_negative, INVALID),
+    BAD(query_info_null, INVALID),
+    SIZES(query_sized, 0),
+
+    BAD(pool_create_ctx_null, INVALID),
+    BAD(pool_create_desc_null, INVALID),
+    BAD(pool_create_out_null, INVALID),
+    SIZES(pool_create_sized, 0),
+    BAD(pool_layers_0, INVALID),
+    BAD(pool_kv_heads_0, INVALID),
+    BAD(pool_head_dim_0, INVALID),
+    BAD(pool_head_dim_16, INVALID),
+    BAD(pool_head_dim_48, INVALID),
+    BAD(pool_head_dim_288, INVALID),
+    BAD(pool_page_size_0, INVALID),
+    BAD(pool_page_size_3, INVALID),
+    BAD(pool_page_size_24, INVALID),
+    BAD(pool_page_size_2048, INVALID),
+    BAD(pool_pages_0, INVALID),
+    BAD(pool_max_sequences_0, INVALID),
+    BAD(pool_max_sequences_too_many, INVALID),
+    BAD(pool_k_format_invalid, INVALID),
+    BAD(pool_k_format_unknown, INVALID),
+    BAD(pool_k_format_negative, INVALID),
+    BAD(pool_v_format_invalid, INVALID),
+    BAD(pool_v_format_unknown, INVALID),
+    OK(pool_destroy_null),
+    BAD(stats_pool_null, INVALID),
+    BAD(stats_out_null, INVALID),
+    SIZES(stats_sized, 0),
+
+    BAD(seq_alloc_pool_null, INVALID),
+    BAD(seq_alloc_out_null, INVALID),
+    BAD(seq_free_pool_null, INVALID),
+    BAD(seq_free_zero, STALE),
+    BAD(seq_free_freed, STALE),
+    BAD(seq_free_other_pool, STALE),
+    BAD(seq_free_in_other_pool, STALE),
+    BAD(seq_free_garbage, STALE),
+    BAD(seq_fork_pool_null, INVALID),
+    BAD(seq_fork_child_null, INVALID),
+    BAD(seq_fork_zero, STALE),
+    BAD(seq_fork_freed, STALE),
+    BAD(seq_fork_other_pool, STALE),
+    BAD(seq_truncate_pool_null, INVALID),
+    BAD(seq_truncate_zero, STALE),
+    BAD(seq_truncate_freed, STALE),
+    BAD(seq_truncate_other_pool, STALE),
+    BAD(seq_truncate_past_length, INVALID),
+    BAD(seq_truncate_empty_to_1, INVALID),
+    BAD(seq_truncate_uint32_max, INVALID),
+    BAD(seq_length_pool_null, INVALID),
+    BAD(seq_length_out_null, INVALID),
+    BAD(seq_length_zero, STALE),
+    BAD(seq_length_freed, STALE),
+    BAD(seq_length_other_pool, STALE),
+    BAD(seq_length_garbage, STALE),
+
+    BAD(append_pool_null, INVALID),
+    BAD(append_seqs_null, INVALID),
+    BAD(append_n_new_null, INVALID),
+    BAD(append_zero, STALE),
+    BAD(append_freed, STALE),
+    BAD(append_other_pool, STALE),
+    BAD(append_repeated, INVALID),
+    BAD(append_overflow, INVALID),
+    BAD(append_out_of_pages, PKV_ERR_OUT_OF_PAGES),
+    BAD2(append_past_pool_capacity, PKV_ERR_OUT_OF_PAGES, INVALID),
+    OK(append_count_0_null),
+
+    BAD(write_pool_null, INVALID),
+    BAD(write_args_null, INVALID),
+    SIZES(write_sized, 1),
+    BAD(write_layer_past_end, INVALID),
+    BAD(write_layer_uint32_max, INVALID),
+    BAD(write_seqs_null, INVALID),
+    BAD(write_n_tokens_null, INVALID),
+    BAD(write_k_null, INVALID),
+    BAD(write_v_null, INVALID),
+    BAD(write_zero, STALE),
+    BAD(write_freed, STALE),
+    BAD(write_other_pool, STALE),
+    BAD(write_more_than_length, INVALID),
+    BAD(write_uint32_max_tokens, INVALID),
+    BAD(write_empty_sequence, INVALID),
+    BAD(write_repeated, INVALID),
+    BAD(write_src_q8_0, INVALID),
+    BAD(write_src_q4_0, INVALID),
+    BAD(write_src_invalid, INVALID),
+    BAD(write_src_unknown, INVALID),
+    BAD(write_src_negative, INVALID),
+    BAD(write_memory_unknown, INVALID),
+    BAD(write_memory_negative, INVALID),
+    BAD(write_shared_page, INVALID),
+    OK(write_count_0_null),
+
+    BAD(read_pool_null, INVALID),
+    BAD(read_args_null, INVALID),
+    SIZES(read_sized, 0),
+    BAD(read_layer_past_end, INVALID),
+    BAD(read_zero, STALE),
+    BAD(read_freed, STALE),
+    BAD(read_other_pool, STALE),
+    BAD(read_past_length, INVALID),
+    BAD(read_at_length, INVALID),
+    BAD(read_start_past_length, INVALID),
+    BAD(read_wrapping_range, INVALID),
+    BAD(read_empty_sequence, INVALID),
+    BAD(read_no_destination, INVALID),
+    BAD(read_dst_q8_0, INVALID),
+    BAD(read_dst_q4_0, INVALID),
+    BAD(read_dst_invalid, INVALID),
+    BAD(read_dst_negative, INVALID),
+    BAD(read_memory_unknown, INVALID),
+
+    BAD(decode_pool_null, INVALID),
+    BAD(decode_args_null, INVALID),
+    SIZES(decode_sized, 0),
+    BAD(decode_layer_past_end, INVALID),
+    BAD(decode_seqs_null, INVALID),
+    BAD(decode_q_null, INVALID),
+    BAD(decode_out_null, INVALID),
+    BAD(decode_zero, STALE),
+    BAD(decode_freed, STALE),
+    BAD(decode_other_pool, STALE),
+    BAD(decode_q_heads_0, INVALID),
+    BAD(decode_q_heads_1, INVALID),
+    BAD(decode_q_heads_3, INVALID),
+    BAD(decode_q_tokens_2, PKV_ERR_UNSUPPORTED),
+    /* 0 query tokens: unsupported like any count but 1, or simply out of range */
+    BAD2(decode_q_tokens_0, PKV_ERR_UNSUPPORTED, INVALID),
+    BAD(decode_scale_negative, INVALID),
+    BAD(decode_scale_nan, INVALID),
+    BAD(decode_scale_inf, INVALID),
+    BAD(decode_scale_minus_inf, INVALID),
+    BAD(decode_q_q8_0, INVALID),
+    BAD(decode_q_invalid, INVALID),
+    BAD(decode_out_q4_0, INVALID),
+    BAD(decode_out_unknown, INVALID),
+    BAD(decode_out_negative, INVALID),
+    BAD(decode_memory_unknown, INVALID),
+    BAD(decode_memory_negative, INVALID),
+    OK(decode_count_0_null),
+
+    BAD(from_f32_invalid, INVALID),
+    BAD(from_f32_unknown, INVALID),
+    BAD(from_f32_negative, INVALID),
+    BAD(from_f32_q8_0_33, INVALID),
+    BAD(from_f32_q4_0_16, INVALID),
+    BAD(from_f32_src_null, INVALID),
+    BAD(from_f32_dst_null, INVALID),
+    BAD(to_f32_invalid, INVALID),
+    BAD(to_f32_unknown, INVALID),
+    BAD(to_f32_negative, INVALID),
+    BAD(to_f32_q8_0_33, INVALID),
+    BAD(to_f32_q4_0_16, INVALID),
+    BAD(to_f32_src_null, INVALID),
+    BAD(to_f32_dst_null, INVALID),
+
+    BAD(get_api_version_0, PKV_ERR_VERSION),
+    BAD(get_api_version_newer, PKV_ERR_VERSION),
+    BAD(get_api_version_uint32_max, PKV_ERR_VERSION),
+    BAD(get_api_out_null, INVALID),
+};
+
+static void run_case(void **state) {
+  fixture *f = *state;
+  const bad_case *c = f->c;
+  open_fixture(f);
+  take(f, &f->before);
+  pkv_status st = c->call(f, c->variant);
+  char err[1024];
+  snprintf(err, sizeof err, "%s", pkv_last_error());
+  print_message("    -> %s: \"%s\"\n", pkv_status_string(st), err);
+  if (st != c->expect && !(c->also != PKV_OK && st == c->also))
+    fail_msg("%s: got %s, expected %s%s%s (last error: \"%s\")", c->name, pkv_status_string(st),
+             pkv_status_string(c->expect), c->also != PKV_OK ? " or " : "",
+             c->also != PKV_OK ? pkv_status_string(c->also) : "", err);
+  if (st != PKV_OK && err[0] == '\0') fail_msg("%s: failed with an empty pkv_last_error()", c->name);
+  if (st == PKV_OK && err[0] != '\0') fail_msg("%s: succeeded, but pkv_last_error() is \"%s\"", c->name, err);
+  if (!c->mutates) {
+    take(f, &f->after);
+    assert_same(f, &f->before, &f->after);
+  }
+}
+
+/* Each valid call the bad ones are made from succeeds, so a bad call fails for the edit alone. */
+static void valid_calls_succeed(void **state) {
+  fixture *f = *state;
+  open_fixture(f);
+  pkv_context_desc cd = good_ctx_desc();
+  pkv_pool_desc pd = good_pool_desc();
+  pkv_backend_info info = good_info();
+  pkv_pool_stats stats = good_stats();
+  pkv_read_args r = good_read(f);
+  pkv_decode_args d = good_decode(f);
+  pkv_write_args w = good_write(f);
+  CHECK_OK(try_ctx(&cd));
+  CHECK_OK(try_pool(f, &pd));
+  CHECK_OK(pkv_backend_query(PKV_BACKEND_CPU, &info));
+  CHECK_OK(pkv_pool_get_stats(f->pool, &stats));
+  CHECK_OK(pkv_read(f->pool, &r));
+  CHECK_OK(pkv_decode(f->pool, &d));
+  CHECK_OK(pkv_write(f->pool, &w));
+  CHECK_OK(pkv_convert_from_f32(PKV_FORMAT_Q4_0, conv_src, 64, conv_dst));
+  CHECK_OK(pkv_convert_to_f32(PKV_FORMAT_Q8_0, conv_dst, 32, conv_src));
+  const pkv_api *api = NULL;
+  CHECK_OK(pkv_get_api(PKV_API_VERSION, &api));
+  const pkv_seq s[2] = {f->empty, f->b};
+  const uint32_t n[2] = {4, 1};
+  CHECK_OK(pkv_append(f->pool, s, n, 2));
+  assert_string_equal(pkv_last_error(), "");
+}
+
+/* The calls that return no status: unknown values get names, invalid sizes 0. */
+static void helpers_on_unknown_values(void **state) {
+  (void)state;
+  const pkv_status unknown[2] = {(pkv_status)12345, (pkv_status)-1};
+  for (int i = 0; i < 2; i++) {
+    const char *s = pkv_status_string(unknown[i]);
+    assert_non_null(s);
+    assert_true(strlen(s) > 0);
+  }
+  assert_non_null(pkv_last_error());
+  assert_string_equal(pkv_backend_name((pkv_backend)99), "unknown");
+  assert_string_equal(pkv_backend_name((pkv_backend)-1), "unknown");
+  assert_string_equal(pkv_format_name((pkv_format)99), "unknown");
+  assert_string_equal(pkv_format_name((pkv_format)-1), "unknown");
+  assert_int_equal(pkv_format_row_bytes((pkv_format)-1, 32), 0);
+  assert_int_equal(pkv_format_row_bytes(PKV_FORMAT_Q8_0, 33), 0);
+  assert_int_equal(pkv_format_row_bytes(PKV_FORMAT_Q4_0, 16), 0);
+  assert_int_equal(pkv_format_row_bytes(PKV_FORMAT_INVALID, 32), 0);
+  assert_int_equal(pkv_format_row_bytes((pkv_format)99, 32), 0);
+}
+
+int main(void) {
+  g_seed = tu_seed();
+  tu_rng r = tu_rng_make(g_seed);
+  fill_random(&r, conv_src, 64);
+  const size_t n = sizeof cases / sizeof cases[0];
+  struct CMUnitTest *t = calloc(n + 2, sizeof *t);
+  assert_non_null(t);
+  t[0].name = "valid calls succeed";
+  t[0].test_func = valid_calls_succeed;
+  t[0].setup_func = setup;
+  t[0].teardown_func = teardown;
+  t[1].name = "helpers on unknown values";
+  t[1].test_func = helpers_on_unknown_values;
+  for (size_t i = 0; i < n; i++) {
+    t[i + 2].name = cases[i].name;
+    t[i + 2].test_func = run_case;
+    t[i + 2].setup_func = setup;
+    t[i + 2].teardown_func = teardown;
+    t[i + 2].initial_state = (void *)&cases[i];
+  }
+  /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
+  const char *filter = getenv("PKV_TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
+  int failed = _cmocka_run_group_tests("bad_input", t, n + 2, NULL, NULL);
+  free(t);
+  return failed;
+}

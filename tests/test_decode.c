@@ -1,0 +1,616 @@
+/* Decode against a float64 oracle.
+ *
+ * The test keeps its own copy of what every page must hold: each K/V value written, as the source
+ * format stores it, rounded to the page format (tu_round_trip, written independently of the library).
+ * The oracle computes softmax(scale q.k) v and lse in double from those values and from q as q_format
+ * stores it, so what is left to compare is decode's own arithmetic, against the tolerance table below
+ * (docs/testing.md explains it).
+ *
+ * Three tables drive the tests:
+ *   matrix     every K/V format pair once, with head_dim, GQA, page size, source/q/out format and
+ *              scale spread over the rows; ragged batches straddling page boundaries; three layers;
+ *   split      a long sequence beside short ones, decoded with several split-K chunk sizes;
+ *   interleave an engine's loop: append one token to some sequences, write every layer, decode.
+ * All pools hand out pages in shuffled order and the sequences grow interleaved, so no sequence's pages
+ * are contiguous. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define CHECK_OK(call)                                                                               \
+  do {                                                                                               \
+    pkv_status st_ = (call);                                                                         \
+    if (st_ != PKV_OK) fail_msg("%s -> %s (%s)", #call, pkv_status_string(st_), pkv_last_error()); \
+  } while (0)
+
+/* ---------------------------------------------------------------------------------------------------
+ * Tolerances
+ * ------------------------------------------------------------------------------------------------- */
+
+/* Error allowed against the oracle, by K page format (V's format does not matter: the oracle already
+ * holds the values the pages store, and V is only accumulated). */
+static const struct tolerance {
+  pkv_format k;
+  double out_rel; /* ||out - ref|| / ||ref|| per (sequence, query head), before output rounding */
+  double lse_abs; /* |lse - ref| */
+} tolerances[] = {
+    /* float32 accumulation of q.k, of exp and of the weighted sum over up to ~5000 tokens: a few 1e-6
+     * in practice; one missed, repeated or misplaced token shows as 1e-3 or more */
+    {PKV_FORMAT_F32, 1e-4, 1e-4},
+    {PKV_FORMAT_F16, 1e-4, 1e-4},
+    {PKV_FORMAT_BF16, 1e-4, 1e-4},
+    /* a GPU backend may round q to int8 per 32-group and dot it against K's int8 quants: each logit then
+     * moves by ~0.4% of the logits' spread (kept <= ~1 for these rows), hence ~1e-2 */
+    {PKV_FORMAT_Q8_0, 1e-2, 1e-2},
+    {PKV_FORMAT_Q4_0, 1e-2, 1e-2},
+};
+
+static const struct tolerance *tolerance_for(pkv_format k) {
+  for (size_t i = 0; i < sizeof tolerances / sizeof tolerances[0]; i++)
+    if (tolerances[i].k == k) return &tolerances[i];
+  fail_msg("no tolerance for K format %d", (int)k);
+  return NULL;
+}
+
+/* Rounding the output to out_format adds at most half an ulp per element, relative. */
+static double out_rounding(pkv_format out) {
+  return out == PKV_FORMAT_F16 ? ldexp(1.0, -11) : out == PKV_FORMAT_BF16 ? ldexp(1.0, -8) : 0.0;
+}
+
+/* Split-K plans against the unsplit decode: the same arithmetic up to the order of the merge, so
+ * float32 rounding only; outputs rounded to F16/BF16 may then land one ulp apart. */
+static double split_out_tol(pkv_format out) { return 1e-5 + 2.0 * out_rounding(out); }
+#define SPLIT_LSE_TOL 1e-5
+
+/* ---------------------------------------------------------------------------------------------------
+ * Small helpers
+ * ------------------------------------------------------------------------------------------------- */
+
+static uint64_t g_seed;
+
+/* Each test case draws from its own stream, so replaying a seed reproduces any one case alone. */
+static tu_rng case_rng(uint64_t salt) { return tu_rng_make(g_seed ^ (salt + 1) * 0x9E3779B97F4A7C15ull); }
+
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) fail_msg("out of memory (%zu bytes)", bytes);
+  return p;
+}
+
+static void shuffle(tu_rng *r, uint32_t *a, uint32_t n) {
+  for (uint32_t i = n; i > 1; i--) {
+    uint32_t j = tu_below(r, i), t = a[i - 1];
+    a[i - 1] = a[j];
+    a[j] = t;
+  }
+}
+
+static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+static uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+static const char *fmt_name(pkv_format f) {
+  switch (f) {
+  case PKV_FORMAT_F32: return "f32";
+  case PKV_FORMAT_F16: return "f16";
+  case PKV_FORMAT_BF16: return "bf16";
+  case PKV_FORMAT_Q8_0: return "q8_0";
+  case PKV_FORMAT_Q4_0: return "q4_0";
+  default: return "?";
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * A pool and the test's copy of what its pages hold
+ * ------------------------------------------------------------------------------------------------- */
+
+typedef struct shape {
+  pkv_format k, v;                    /* page formats */
+  uint32_t head_dim, kv_heads, group; /* group: query heads per KV head */
+  uint32_t page_size;
+  pkv_format src, q, out; /* formats of the written rows, of q and of the output */
+  float scale;            /* 0: 1/sqrt(head_dim) */
+} shape;
+
+typedef struct model {
+  shape s;
+  uint32_t layers, n, row, q_heads; /* row: values per token and layer (kv_heads * head_dim) */
+  tu_rng rng;
+  pkv_context *ctx;
+  pkv_pool *pool;
+  pkv_seq *seq;
+  uint32_t *len, *cap;
+  float **k, **v; /* per sequence: [layer][cap][kv_heads][head_dim], what its pages hold */
+} model;
+
+/* A context and a pool with exactly the pages n sequences of at most cap[i] tokens need. */
+static void model_open(model *m, const shape *s, uint32_t layers, uint32_t n, const uint32_t *cap,
+                       tu_rng rng) {
+  memset(m, 0, sizeof *m);
+  m->s = *s;
+  m->layers = layers;
+  m->n = n;
+  m->row = s->kv_heads * s->head_dim;
+  m->q_heads = s->kv_heads * s->group;
+  m->rng = rng;
+
+  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  pkv_status st = pkv_context_create(&cd, &m->ctx);
+  if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
+    print_message("    skipped: %s\n", pkv_last_error());
+    skip();
+  }
+  CHECK_OK(st);
+  pkv_pool_desc pd = PKV_POOL_DESC_INIT;
+  pd.layers = layers;
+  pd.kv_heads = s->kv_heads;
+  pd.head_dim = s->head_dim;
+  pd.page_size = s->page_size;
+  for (uint32_t i = 0; i < n; i++) pd.pages += (cap[i] + s->page_size - 1) / s->page_size;
+  pd.pages = max_u32(pd.pages, 1);
+  pd.k_format = s->k;
+  pd.v_format = s->v;
+  pd.page_order_seed = 1 + tu_below(&m->rng, 0x7fffffff);
+  CHECK_OK(pkv_pool_create(m->ctx, &pd, &m->pool));
+
+  m->seq = xmalloc(n * sizeof *m->seq);
+  m->len = calloc(n, sizeof *m->len);
+  m->cap = xmalloc(n * sizeof *m->cap);
+  m->k = calloc(n, sizeof *m->k);
+  m->v = calloc(n, sizeof *m->v);
+  for (uint32_t i = 0; i < n; i++) {
+    CHECK_OK(pkv_seq_alloc(m->pool, &m->seq[i]));
+    m->cap[i] = cap[i];
+    m->k[i] = xmalloc((size_t)layers * cap[i] * m->row * sizeof(float));
+    m->v[i] = xmalloc((size_t)layers * cap[i] * m->row * sizeof(float));
+  }
+}
+
+static void model_close(model *m) {
+  CHECK_OK(pkv_pool_destroy(m->pool));
+  CHECK_OK(pkv_context_destroy(m->ctx));
+  for (uint32_t i = 0; i < m->n; i++) {
+    free(m->k[i]);
+    free(m->v[i]);
+  }
+  free(m->k);
+  free(m->v);
+  free(m->seq);
+  free(m->len);
+  free(m->cap);
+}
+
+/* Where token pos of sequence i in layer l starts in the copy. */
+static size_t at(const model *m, uint32_t i, uint32_t l, uint32_t pos) {
+  return ((size_t)l * m->cap[i] + pos) * m->row;
+}
+
+/* One token's random row: stored in the source format at packed row r of buf, and what the page keeps
+ * of it (the source value rounded to the page format) into kept. */
+static void fill_row(model *m, void *buf, size_t r, pkv_format page, float *kept) {
+  for (uint32_t e = 0; e < m->row; e++) {
+    tu_store(m->s.src, buf, r * m->row + e, (float)tu_uniform(&m->rng, -1.0, 1.0));
+    kept[e] = tu_load(m->s.src, buf, r * m->row + e);
+  }
+  tu_round_trip(page, kept, m->row, kept); /* groups of 32 never straddle heads: head_dim % 32 == 0 */
+}
+
+/* Appends n_new[i] tokens to sequence i (those with n_new[i] > 0, in a shuffled batch order) and writes
+ * fresh random rows for them in every layer, each layer's batch in its own order. */
+static void model_grow(model *m, const uint32_t *n_new) {
+  uint32_t *idx = xmalloc(m->n * sizeof *idx), *bn = xmalloc(m->n * sizeof *bn), cnt = 0;
+  pkv_seq *bs = xmalloc(m->n * sizeof *bs);
+  size_t total = 0;
+  for (uint32_t i = 0; i < m->n; i++) {
+    if (!n_new[i]) continue;
+    idx[cnt++] = i;
+    total += n_new[i];
+    assert_true(m->len[i] + n_new[i] <= m->cap[i]);
+  }
+  if (cnt) {
+    shuffle(&m->rng, idx, cnt);
+    for (uint32_t j = 0; j < cnt; j++) bs[j] = m->seq[idx[j]], bn[j] = n_new[idx[j]];
+    CHECK_OK(pkv_append(m->pool, bs, bn, cnt));
+    for (uint32_t i = 0; i < m->n; i++) m->len[i] += n_new[i];
+
+    size_t bytes = total * m->row * tu_elem_bytes(m->s.src);
+    void *kb = xmalloc(bytes), *vb = xmalloc(bytes);
+    for (uint32_t l = 0; l < m->layers; l++) {
+      shuffle(&m->rng, idx, cnt);
+      size_t r = 0;
+      for (uint32_t j = 0; j < cnt; j++) {
+        uint32_t i = idx[j];
+        bs[j] = m->seq[i];
+        bn[j] = n_new[i];
+        for (uint32_t pos = m->len[i] - n_new[i]; pos < m->len[i]; pos++, r++) {
+          fill_row(m, kb, r, m->s.k, m->k[i] + at(m, i, l, pos));
+          fill_row(m, vb, r, m->s.v, m->v[i] + at(m, i, l, pos));
+        }
+      }
+      pkv_write_args a = PKV_WRITE_ARGS_INIT;
+      a.layer = l;
+      a.seqs = bs;
+      a.n_tokens = bn;
+      a.count = cnt;
+      a.src_format = m->s.src;
+      a.k = kb;
+      a.v = vb;
+      CHECK_OK(pkv_write(m->pool, &a));
+    }
+    free(kb);
+    free(vb);
+  }
+  free(idx);
+  free(bn);
+  free(bs);
+}
+
+/* Grows every sequence to target[i] in rounds of a random number of tokens each, so the sequences'
+ * pages interleave in the pool; long sequences take bigger steps to keep the number of calls low. */
+static void grow_to(model *m, const uint32_t *target) {
+  uint32_t *n_new = xmalloc(m->n * sizeof *n_new);
+  for (;;) {
+    int any = 0;
+    for (uint32_t i = 0; i < m->n; i++) {
+      uint32_t rest = target[i] - m->len[i];
+      uint32_t step = max_u32(2 * m->s.page_size, target[i] / 16);
+      n_new[i] = rest ? 1 + tu_below(&m->rng, min_u32(rest, step)) : 0;
+      any |= rest != 0;
+    }
+    if (!any) break;
+    model_grow(m, n_new);
+  }
+  free(n_new);
+}
+
+static void check_lengths(model *m) {
+  for (uint32_t i = 0; i < m->n; i++) {
+    uint32_t len = UINT32_MAX;
+    CHECK_OK(pkv_seq_length(m->pool, m->seq[i], &len));
+    assert_int_equal(len, m->len[i]);
+  }
+}
+
+static size_t q_values(const model *m) { return (size_t)m->n * m->q_heads * m->s.head_dim; }
+
+/* Random q with a spread (|q| <= 2) that makes the softmax neither flat nor one-hot at the default
+ * scale. */
+static void random_q(model *m, void *q) {
+  for (size_t i = 0; i < q_values(m); i++) tu_store(m->s.q, q, i, (float)tu_uniform(&m->rng, -2.0, 2.0));
+}
+
+/* Decodes one layer of the whole batch into NaN-poisoned out and lse, and checks every element was
+ * written. */
+static void model_decode(model *m, uint32_t layer, uint32_t chunk_pages, const void *q, void *out,
+                         float *lse) {
+  for (size_t i = 0; i < q_values(m); i++) tu_store(m->s.out, out, i, NAN);
+  if (lse)
+    for (size_t i = 0; i < (size_t)m->n * m->q_heads; i++) lse[i] = NAN;
+
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.layer = layer;
+  a.seqs = m->seq;
+  a.count = m->n;
+  a.q_heads = m->q_heads;
+  a.q_tokens = 1;
+  a.scale = m->s.scale;
+  a.q_format = m->s.q;
+  a.out_format = m->s.out;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  a.chunk_pages = chunk_pages;
+  CHECK_OK(pkv_decode(m->pool, &a));
+
+  for (size_t i = 0; i < q_values(m); i++)
+    if (isnan(tu_load(m->s.out, out, i)))
+      fail_msg("layer %u chunk_pages %u: out[%zu] was not written", layer, chunk_pages, i);
+  if (lse)
+    for (size_t i = 0; i < (size_t)m->n * m->q_heads; i++)
+      if (isnan(lse[i])) fail_msg("layer %u chunk_pages %u: lse[%zu] was not written", layer, chunk_pages, i);
+}
+
+typedef struct worst {
+  double out, lse;
+} worst;
+
+/* Compares one decode of `layer` with the float64 oracle. */
+static void check_oracle(const model *m, uint32_t layer, const void *q, const void *out, const float *lse,
+                         const char *what, worst *w) {
+  const struct tolerance *tol = tolerance_for(m->s.k);
+  const double out_tol = tol->out_rel + out_rounding(m->s.out);
+  const uint32_t hd = m->s.head_dim;
+  const double scale = m->s.scale != 0.0f ? (double)m->s.scale : 1.0 / sqrt((double)hd);
+  uint32_t longest = 1;
+  for (uint32_t b = 0; b < m->n; b++) longest = max_u32(longest, m->len[b]);
+  double *logit = xmalloc(longest * sizeof *logit), *qd = xmalloc(hd * sizeof *qd),
+         *ref = xmalloc(hd * sizeof *ref);
+
+  for (uint32_t b = 0; b < m->n; b++) {
+    const uint32_t len = m->len[b];
+    for (uint32_t h = 0; h < m->q_heads; h++) {
+      const size_t o = ((size_t)b * m->q_heads + h) * hd, li = (size_t)b * m->q_heads + h;
+      if (len == 0) { /* exactly 0 and -inf, never NaN */
+        for (uint32_t d = 0; d < hd; d++)
+          if (tu_load(m->s.out, out, o + d) != 0.0f)
+            fail_msg("%s: layer %u seq %u is empty but out[%u] = %g", what, layer, b, d,
+                     (double)tu_load(m->s.out, out, o + d));
+        if (lse && !(isinf(lse[li]) && lse[li] < 0))
+          fail_msg("%s: layer %u seq %u is empty but lse = %g", what, layer, b, (double)lse[li]);
+        continue;
+      }
+      const size_t kv = at(m, b, layer, 0) + (size_t)(h / m->s.group) * hd; /* GQA: the group's KV head */
+      const float *K = m->k[b] + kv, *V = m->v[b] + kv;
+      for (uint32_t d = 0; d < hd; d++) qd[d] = tu_load(m->s.q, q, o + d);
+      double mx = -INFINITY, z = 0.0;
+      for (uint32_t t = 0; t < len; t++) {
+        double s = 0.0;
+        for (uint32_t d = 0; d < hd; d++) s += qd[d] * K[(size_t)t * m->row + d];
+        logit[t] = scale * s;
+        mx = fmax(mx, logit[t]);
+      }
+      for (uint32_t d = 0; d < hd; d++) ref[d] = 0.0;
+      for (uint32_t t = 0; t < len; t++) {
+        double p = exp(logit[t] - mx);
+        z += p;
+        for (uint32_t d = 0; d < hd; d++) ref[d] += p * V[(size_t)t * m->row + d];
+      }
+      double err2 = 0.0, ref2 = 0.0;
+      for (uint32_t d = 0; d < hd; d++) {
+        double r = ref[d] / z, e = (double)tu_load(m->s.out, out, o + d) - r;
+        err2 += e * e;
+        ref2 += r * r;
+      }
+      double rel = sqrt(err2 / fmax(ref2, 1e-300));
+      if (rel > out_tol)
+        fail_msg("%s: layer %u seq %u (length %u) head %u: relative error %.3g > %.3g", what, layer, b,
+                 len, h, rel, out_tol);
+      w->out = fmax(w->out, rel);
+      if (lse) {
+        double e = fabs((double)lse[li] - (mx + log(z)));
+        if (!(e <= tol->lse_abs))
+          fail_msg("%s: layer %u seq %u (length %u) head %u: lse %.9g, expected %.9g", what, layer, b, len,
+                   h, (double)lse[li], mx + log(z));
+        w->lse = fmax(w->lse, e);
+      }
+    }
+  }
+  free(logit);
+  free(qd);
+  free(ref);
+}
+
+static void report(const model *m, const worst *w) {
+  const struct tolerance *tol = tolerance_for(m->s.k);
+  print_message("    worst: out %.2e (allowed %.2e), lse %.2e (allowed %.2e)\n", w->out,
+                tol->out_rel + out_rounding(m->s.out), w->lse, tol->lse_abs);
+}
+
+/* Lengths that straddle page boundaries, one empty, in a random batch position. */
+static void ragged_lengths(tu_rng *r, uint32_t page_size, uint32_t *len) {
+  const uint32_t l[7] = {0, 1, page_size - 1, page_size, page_size + 1, 2 * page_size + 1 + tu_below(r, page_size),
+                         150 + tu_below(r, 250)};
+  memcpy(len, l, sizeof l);
+  shuffle(r, len, 7);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The matrix: every K/V format pair once; the other parameters spread so that each head_dim
+ * (32/64/128/256), kv_heads (1..4), group (1/4/6/8), page size (8/16/64), source/q/out format and both
+ * kinds of scale appear several times. Explicit scales keep the logits' spread (about
+ * 0.67 * scale * sqrt(head_dim)) between ~0.5 and ~5 for float K and <= ~1 for quantized K.
+ * ------------------------------------------------------------------------------------------------- */
+#define F32 PKV_FORMAT_F32
+#define F16 PKV_FORMAT_F16
+#define BF16 PKV_FORMAT_BF16
+#define Q8_0 PKV_FORMAT_Q8_0
+#define Q4_0 PKV_FORMAT_Q4_0
+
+static const shape matrix[] = {
+    /* k     v     hd  kvh grp page src   q     out   scale */
+    {F32, F32, 128, 2, 4, 16, F32, F32, F32, 0.0f},
+    {F32, F16, 64, 1, 8, 8, F16, F16, F32, 1.0f},
+    {F32, BF16, 256, 4, 1, 64, BF16, BF16, F16, 0.0f},
+    {F32, Q8_0, 32, 3, 6, 16, F32, F32, BF16, 0.5f},
+    {F32, Q4_0, 128, 1, 1, 8, F16, F32, F32, 0.0f},
+    {F16, F32, 256, 2, 6, 8, F32, F16, F16, 0.1f},
+    {F16, F16, 128, 4, 8, 16, F16, F16, F16, 0.0f},
+    {F16, BF16, 64, 3, 1, 64, BF16, F32, F32, 0.3f},
+    {F16, Q8_0, 32, 1, 4, 8, F32, BF16, F32, 0.0f},
+    {F16, Q4_0, 256, 3, 4, 16, BF16, F32, BF16, 0.3f},
+    {BF16, F32, 64, 4, 4, 64, F16, F32, F32, 0.0f},
+    {BF16, F16, 32, 2, 1, 16, F32, BF16, F16, 0.4f},
+    {BF16, BF16, 128, 1, 6, 8, BF16, BF16, BF16, 0.0f},
+    {BF16, Q8_0, 256, 1, 8, 64, F16, F16, F32, 0.25f},
+    {BF16, Q4_0, 64, 2, 8, 16, F32, F32, F16, 0.0f},
+    {Q8_0, F32, 128, 3, 1, 16, F32, F32, F32, 0.0f},
+    {Q8_0, F16, 64, 4, 6, 8, F16, F16, BF16, 0.12f},
+    {Q8_0, BF16, 256, 2, 4, 64, BF16, F32, F32, 0.0f},
+    {Q8_0, Q8_0, 128, 2, 8, 8, F16, BF16, F16, 0.0f},
+    {Q8_0, Q4_0, 32, 4, 4, 64, F32, F16, F32, 0.15f},
+    {Q4_0, F32, 256, 1, 1, 16, F16, BF16, F32, 0.0f},
+    {Q4_0, F16, 32, 1, 6, 64, F32, F32, F16, 0.2f},
+    {Q4_0, BF16, 128, 4, 1, 8, BF16, F16, F32, 0.0f},
+    {Q4_0, Q8_0, 64, 3, 8, 16, F16, F32, BF16, 0.1f},
+    {Q4_0, Q4_0, 128, 2, 4, 64, F32, F32, F32, 0.0f},
+};
+
+/* Split-K: a long sequence beside short ones; the chunk sizes cover one page, a few, the planner, none. */
+static const shape split[] = {
+    {F32, F32, 128, 2, 4, 16, F32, F32, F32, 0.0f},
+    {F16, BF16, 64, 1, 8, 8, F16, F16, F32, 0.3f},
+    {Q8_0, Q4_0, 128, 4, 1, 64, BF16, BF16, F32, 0.0f},
+    {Q4_0, Q8_0, 256, 1, 6, 16, F32, F32, BF16, 0.05f},
+    {BF16, F16, 32, 2, 6, 8, F32, F32, F16, 0.0f},
+};
+static const uint32_t chunks[] = {UINT32_MAX, 0, 1, 2, 3}; /* the first is the reference */
+
+/* The engine loop. */
+static const shape interleave[] = {
+    {F16, F16, 128, 2, 4, 16, F16, F16, F16, 0.0f},
+    {Q8_0, Q4_0, 64, 1, 6, 8, BF16, BF16, F32, 0.15f},
+    {Q4_0, F32, 32, 3, 8, 64, F32, F32, BF16, 0.0f},
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Ragged batch, three layers with different data, each layer decoded with its own chunking (planner,
+ * one page, unsplit), lse left out in layer 0. */
+static void matrix_case(void **state) {
+  const shape *s = *state;
+  tu_rng r = case_rng((uint64_t)(s - matrix));
+  uint32_t len[7];
+  ragged_lengths(&r, s->page_size, len);
+  model m;
+  model_open(&m, s, 3, 7, len, r);
+  grow_to(&m, len);
+  check_lengths(&m);
+
+  void *q = xmalloc(q_values(&m) * 4), *out = xmalloc(q_values(&m) * 4);
+  float *lse = xmalloc((size_t)m.n * m.q_heads * sizeof *lse);
+  const uint32_t layer_chunks[3] = {0, 1, UINT32_MAX};
+  worst w = {0, 0};
+  for (uint32_t l = 0; l < m.layers; l++) {
+    random_q(&m, q);
+    model_decode(&m, l, layer_chunks[l], q, out, l ? lse : NULL);
+    check_oracle(&m, l, q, out, l ? lse : NULL, "matrix", &w);
+  }
+  report(&m, &w);
+  free(q);
+  free(out);
+  free(lse);
+  model_close(&m);
+}
+
+/* Per (sequence, head): the split decode agrees with the unsplit one. */
+static void check_agree(const model *m, uint32_t chunk, const void *ref, const float *ref_lse, const void *out,
+                        const float *lse) {
+  const uint32_t hd = m->s.head_dim;
+  const double tol = split_out_tol(m->s.out);
+  for (size_t sh = 0; sh < (size_t)m->n * m->q_heads; sh++) {
+    double d2 = 0.0, r2 = 0.0;
+    for (uint32_t d = 0; d < hd; d++) {
+      double a = tu_load(m->s.out, ref, sh * hd + d), b = tu_load(m->s.out, out, sh * hd + d);
+      d2 += (a - b) * (a - b);
+      r2 += a * a;
+    }
+    if (r2 > 0.0 && sqrt(d2 / r2) > tol)
+      fail_msg("chunk_pages %u: seq %zu head %zu differs from the unsplit decode by %.3g > %.3g", chunk,
+               sh / m->q_heads, sh % m->q_heads, sqrt(d2 / r2), tol);
+    if (!isinf(ref_lse[sh]) && fabs((double)lse[sh] - ref_lse[sh]) > SPLIT_LSE_TOL)
+      fail_msg("chunk_pages %u: seq %zu head %zu lse %.9g, unsplit %.9g", chunk, sh / m->q_heads,
+               sh % m->q_heads, (double)lse[sh], (double)ref_lse[sh]);
+  }
+}
+
+static void split_case(void **state) {
+  const shape *s = *state;
+  tu_rng r = case_rng(1000 + (uint64_t)(s - split));
+  uint32_t len[5] = {3000 + tu_below(&r, 2000), 0, 1, s->page_size + 1, 40 + tu_below(&r, 100)};
+  shuffle(&r, len, 5);
+  model m;
+  model_open(&m, s, 2, 5, len, r);
+  grow_to(&m, len);
+  check_lengths(&m);
+
+  const size_t n_out = q_values(&m) * 4, n_lse = (size_t)m.n * m.q_heads * sizeof(float);
+  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out);
+  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse);
+  worst w = {0, 0};
+  random_q(&m, q);
+  for (size_t c = 0; c < COUNT(chunks); c++) {
+    model_decode(&m, 1, chunks[c], q, c ? out : ref, c ? lse : ref_lse);
+    check_oracle(&m, 1, q, c ? out : ref, c ? lse : ref_lse, c ? "split" : "unsplit", &w);
+    if (c) check_agree(&m, chunks[c], ref, ref_lse, out, lse);
+  }
+  report(&m, &w);
+  free(q);
+  free(ref);
+  free(out);
+  free(ref_lse);
+  free(lse);
+  model_close(&m);
+}
+
+/* Prefill, then steps where a random subset of the sequences gains one token (the empty one starts
+ * when it is first picked); each step writes every layer, then decodes every layer of the whole batch.
+ * Now and then a sequence is rolled back a few tokens (rejected speculative tokens) and regrows over
+ * positions that held other data. */
+static void interleave_case(void **state) {
+  const shape *s = *state;
+  enum { STEPS = 40, N = 6 };
+  tu_rng r = case_rng(2000 + (uint64_t)(s - interleave));
+  uint32_t prompt[N] = {0, 1, s->page_size - 1, s->page_size, s->page_size + 1, 20 + tu_below(&r, 60)};
+  uint32_t cap[N], n_new[N];
+  shuffle(&r, prompt, N);
+  for (uint32_t i = 0; i < N; i++) cap[i] = prompt[i] + STEPS;
+  model m;
+  model_open(&m, s, 2, N, cap, r);
+  grow_to(&m, prompt);
+
+  void *q = xmalloc(q_values(&m) * 4), *out = xmalloc(q_values(&m) * 4);
+  float *lse = xmalloc((size_t)N * m.q_heads * sizeof *lse);
+  worst w = {0, 0};
+  for (uint32_t step = 0; step < STEPS; step++) {
+    if (step % 8 == 7) {
+      uint32_t i = tu_below(&m.rng, N);
+      if (m.len[i]) {
+        m.len[i] -= 1 + tu_below(&m.rng, min_u32(m.len[i], 4));
+        CHECK_OK(pkv_seq_truncate(m.pool, m.seq[i], m.len[i]));
+      }
+    }
+    for (uint32_t i = 0; i < N; i++) n_new[i] = tu_below(&m.rng, 4) != 0;
+    model_grow(&m, n_new);
+    check_lengths(&m);
+    for (uint32_t l = 0; l < m.layers; l++) {
+      random_q(&m, q);
+      model_decode(&m, l, 0, q, out, lse);
+      check_oracle(&m, l, q, out, lse, "interleave", &w);
+    }
+  }
+  report(&m, &w);
+  free(q);
+  free(out);
+  free(lse);
+  model_close(&m);
+}
+
+/* One cmocka test per table row, named after its shape. */
+static void add_tests(struct CMUnitTest *t, size_t *n, const char *kind, const shape *rows, size_t count,
+                      CMUnitTestFunction fn) {
+  for (size_t i = 0; i < count; i++) {
+    const shape *s = &rows[i];
+    char *name = xmalloc(128);
+    snprintf(name, 128, "%s k=%s v=%s hd=%u kvh=%u qh=%u page=%u src=%s q=%s out=%s scale=%g", kind,
+             fmt_name(s->k), fmt_name(s->v), s->head_dim, s->kv_heads, s->kv_heads * s->group,
+             s->page_size, fmt_name(s->src), fmt_name(s->q), fmt_name(s->out), (double)s->scale);
+    memset(&t[*n], 0, sizeof t[*n]);
+    t[*n].name = name;
+    t[*n].test_func = fn;
+    t[*n].initial_state = (void *)s;
+    ++*n;
+  }
+}
+
+int main(void) {
+  g_seed = tu_seed();
+  struct CMUnitTest tests[COUNT(matrix) + COUNT(split) + COUNT(interleave)];
+  size_t n = 0;
+  add_tests(tests, &n, "matrix", matrix, COUNT(matrix), matrix_case);
+  add_tests(tests, &n, "split", split, COUNT(split), split_case);
+  add_tests(tests, &n, "interleave", interleave, COUNT(interleave), interleave_case);
+  /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
+  const char *filter = getenv("PKV_TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
+  int failed = _cmocka_run_group_tests("decode", tests, n, NULL, NULL);
+  for (size_t i = 0; i < n; i++) free((void *)tests[i].name);
+  return failed;
+}
