@@ -1,5 +1,7 @@
 // The C boundary: every public function checks its arguments, runs, and turns whatever went wrong
 // into a status plus this thread's last-error text. No exception leaves this file.
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -9,55 +11,55 @@
 #include "context.hpp"
 #include "error.hpp"
 #include "format.hpp"
+#include "guard.hpp"
 #include "loader/select.hpp"
 #include "pool.hpp"
 
 using pkv::fail;
+using pkv::guarded;
 
 namespace {
-
-template <class Fn> pkv_status guarded(const char *function, Fn &&fn) {
-  try {
-    fn();
-    pkv::clear_last_error();
-    return PKV_OK;
-  } catch (const pkv::Error &e) {
-    pkv::set_last_error(e.status, std::string(function) + ": " + e.message);
-    return e.status;
-  } catch (const std::bad_alloc &) {
-    pkv::set_last_error(PKV_ERR_OUT_OF_MEMORY, std::string(function) + ": host memory exhausted");
-    return PKV_ERR_OUT_OF_MEMORY;
-  } catch (const std::exception &e) {
-    pkv::set_last_error(PKV_ERR_INTERNAL, std::string(function) + ": " + e.what());
-    return PKV_ERR_INTERNAL;
-  } catch (...) {
-    pkv::set_last_error(PKV_ERR_INTERNAL, std::string(function) + ": unknown exception");
-    return PKV_ERR_INTERNAL;
-  }
-}
 
 void check_pointer(const void *p, const char *what) {
   if (!p) fail(PKV_ERR_INVALID_ARGUMENT, "%s is NULL", what);
 }
 
-// The smallest struct_size accepted is the struct as first released (version 0.1: today's size); a
-// larger one comes from a newer header and its extra fields are not read.
-template <class T> T read_struct(const T *p, const char *what, const char *init) {
+// What the boundary knows of each argument struct: its INIT defaults, and its size as first released,
+// up to the end of its last field then. A caller's struct may be that old (fields it lacks keep their
+// defaults) or newer and larger (fields this library does not know are not read).
+template <class T> struct StructInfo;
+#define PKV_STRUCT_INFO(T, INIT, FIRST_LAST_FIELD)                                                   \
+  template <> struct StructInfo<T> {                                                                \
+    static constexpr const char *init = #INIT;                                                      \
+    static constexpr size_t first_size = offsetof(T, FIRST_LAST_FIELD) + sizeof(T::FIRST_LAST_FIELD); \
+    static T defaults() { return T INIT; }                                                          \
+  };
+PKV_STRUCT_INFO(pkv_context_desc, PKV_CONTEXT_DESC_INIT, stream)
+PKV_STRUCT_INFO(pkv_backend_info, PKV_BACKEND_INFO_INIT, detail)
+PKV_STRUCT_INFO(pkv_pool_desc, PKV_POOL_DESC_INIT, max_sequence_length)
+PKV_STRUCT_INFO(pkv_write_args, PKV_WRITE_ARGS_INIT, v)
+PKV_STRUCT_INFO(pkv_read_args, PKV_READ_ARGS_INIT, v)
+PKV_STRUCT_INFO(pkv_decode_args, PKV_DECODE_ARGS_INIT, chunk_pages)
+PKV_STRUCT_INFO(pkv_pool_stats, PKV_POOL_STATS_INIT, bytes_per_token)
+#undef PKV_STRUCT_INFO
+
+template <class T> T read_struct(const T *p, const char *what) {
   check_pointer(p, what);
-  if (p->struct_size < sizeof(T))
+  using Info = StructInfo<T>;
+  if (p->struct_size < Info::first_size)
     fail(PKV_ERR_STRUCT_SIZE, "%s->struct_size is %u, this library needs at least %u: initialise it with %s", what,
-         p->struct_size, unsigned(sizeof(T)), init);
-  T copy;
-  std::memcpy(&copy, p, sizeof(T));
+         p->struct_size, unsigned(Info::first_size), Info::init);
+  T copy = Info::defaults();
+  std::memcpy(&copy, p, std::min<size_t>(p->struct_size, sizeof(T)));
   return copy;
 }
 
-// Output structs: the caller sets struct_size, the library fills what both know.
-template <class T> void write_struct(T *dst, const T &src, const char *what, const char *init) {
-  read_struct(dst, what, init);
+// Output structs: the caller sets struct_size; the library fills the part both know.
+template <class T> void write_struct(T *dst, const T &src, const char *what) {
+  const uint32_t size = read_struct(dst, what).struct_size;
   T out = src;
-  out.struct_size = dst->struct_size;
-  std::memcpy(dst, &out, sizeof(T));
+  out.struct_size = size;
+  std::memcpy(dst, &out, std::min<size_t>(size, sizeof(T)));
 }
 
 bool power_of_two(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
@@ -146,7 +148,7 @@ PKV_API const char *pkv_format_name(pkv_format format) {
 
 PKV_API pkv_status pkv_context_create(const pkv_context_desc *desc, pkv_context **out) {
   return guarded(__func__, [&] {
-    const pkv_context_desc d = read_struct(desc, "desc", "PKV_CONTEXT_DESC_INIT");
+    const pkv_context_desc d = read_struct(desc, "desc");
     check_pointer(out, "out");
     auto ctx = std::make_unique<pkv_context>();
     ctx->backend = pkv::create_backend(d);
@@ -178,18 +180,26 @@ PKV_API pkv_status pkv_context_synchronize(pkv_context *ctx) {
   });
 }
 
+PKV_API pkv_status pkv_context_read_bandwidth(pkv_context *ctx, uint64_t bytes, double *gb_per_s) {
+  return guarded(__func__, [&] {
+    check_pointer(ctx, "ctx");
+    check_pointer(gb_per_s, "gb_per_s");
+    *gb_per_s = ctx->backend->read_bandwidth(bytes);
+  });
+}
+
 PKV_API pkv_status pkv_backend_query(pkv_backend backend, pkv_backend_info *info) {
   return guarded(__func__, [&] {
-    pkv_backend_info filled = read_struct(info, "info", "PKV_BACKEND_INFO_INIT");
+    pkv_backend_info filled = read_struct(info, "info");
     pkv::query_backend(backend, &filled);
-    write_struct(info, filled, "info", "PKV_BACKEND_INFO_INIT");
+    write_struct(info, filled, "info");
   });
 }
 
 PKV_API pkv_status pkv_pool_create(pkv_context *ctx, const pkv_pool_desc *desc, pkv_pool **out) {
   return guarded(__func__, [&] {
     check_pointer(ctx, "ctx");
-    const pkv_pool_desc d = read_struct(desc, "desc", "PKV_POOL_DESC_INIT");
+    const pkv_pool_desc d = read_struct(desc, "desc");
     check_pointer(out, "out");
     check_pool_desc(d);
     *out = new pkv_pool(ctx, d);
@@ -239,28 +249,28 @@ PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_
 PKV_API pkv_status pkv_write(pkv_pool *pool, const pkv_write_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    p.write(read_struct(args, "args", "PKV_WRITE_ARGS_INIT"));
+    p.write(read_struct(args, "args"));
   });
 }
 
 PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    p.read(read_struct(args, "args", "PKV_READ_ARGS_INIT"));
+    p.read(read_struct(args, "args"));
   });
 }
 
 PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    p.decode(read_struct(args, "args", "PKV_DECODE_ARGS_INIT"));
+    p.decode(read_struct(args, "args"));
   });
 }
 
 PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    write_struct(out, p.stats(), "out", "PKV_POOL_STATS_INIT");
+    write_struct(out, p.stats(), "out");
   });
 }
 

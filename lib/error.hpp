@@ -14,11 +14,16 @@ struct Error {
 };
 
 // Throws Error{status, printf-formatted message}.
-[[noreturn]] void fail(pkv_status status, const char *format, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
+// MinGW formats through its own C99 printf, which its gcc checks as gnu_printf.
+#if defined(__MINGW32__)
+#define PKV_PRINTF_LIKE(f, a) __attribute__((format(__MINGW_PRINTF_FORMAT, f, a)))
+#elif defined(__GNUC__)
+#define PKV_PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
+#else
+#define PKV_PRINTF_LIKE(f, a)
 #endif
-    ;
+
+[[noreturn]] void fail(pkv_status status, const char *format, ...) PKV_PRINTF_LIKE(2, 3);
 
 void set_last_error(pkv_status status, const std::string &message);
 void clear_last_error();
