@@ -15,6 +15,7 @@
  *   6. Append, write and read of K/V rows
  *   7. Decode
  *   8. Statistics and format helpers
+ *   9. Function table for runtime loaders
  *
  * Conventions
  *   - Every function returns a pkv_status (PKV_OK = 0). On failure nothing changed, and
@@ -22,7 +23,8 @@
  *   - Argument structs begin with `struct_size`; initialise them with their PKV_*_INIT macro. Structs
  *     only grow at the end: the library reads the fields the caller's struct_size covers and rejects a
  *     struct_size smaller than the first release's layout.
- *   - Enums are 32-bit.
+ *   - Enums are 32-bit signed ints. Their *_MIN_ and *_MAX_ members only fix that range, so any value
+ *     a caller passes is a value of the enum in C++ too and is rejected cleanly, never undefined.
  *
  * Threads
  *   - pkv_last_error() is per thread.
@@ -91,7 +93,8 @@ typedef enum pkv_status {
   PKV_ERR_BACKEND = 9,          /* the device runtime reported an error */
   PKV_ERR_VERSION = 10,         /* a version the library does not provide was asked for */
   PKV_ERR_INTERNAL = 11,        /* a bug in pagedkv: please report the last-error text */
-  PKV_STATUS_FORCE32_ = 0x7fffffff
+  PKV_STATUS_MIN_ = -0x7fffffff - 1,
+  PKV_STATUS_MAX_ = 0x7fffffff
 } pkv_status;
 
 /* A static, never-NULL text naming a status and what it means; unknown values are named so. */
@@ -110,7 +113,8 @@ typedef enum pkv_backend {
   PKV_BACKEND_CPU = 1,
   PKV_BACKEND_CUDA = 2,
   PKV_BACKEND_HIP = 3,
-  PKV_BACKEND_FORCE32_ = 0x7fffffff
+  PKV_BACKEND_MIN_ = -0x7fffffff - 1,
+  PKV_BACKEND_MAX_ = 0x7fffffff
 } pkv_backend;
 
 /* Element formats. Pages may use any of them; q, out and source rows use F32, F16 or BF16.
@@ -122,14 +126,16 @@ typedef enum pkv_format {
   PKV_FORMAT_BF16 = 3,
   PKV_FORMAT_Q8_0 = 4,
   PKV_FORMAT_Q4_0 = 5,
-  PKV_FORMAT_FORCE32_ = 0x7fffffff
+  PKV_FORMAT_MIN_ = -0x7fffffff - 1,
+  PKV_FORMAT_MAX_ = 0x7fffffff
 } pkv_format;
 
 /* Where a caller's pointer points. The CPU backend's device memory is host memory. */
 typedef enum pkv_memory {
   PKV_MEMORY_HOST = 0,
   PKV_MEMORY_DEVICE = 1,
-  PKV_MEMORY_FORCE32_ = 0x7fffffff
+  PKV_MEMORY_MIN_ = -0x7fffffff - 1,
+  PKV_MEMORY_MAX_ = 0x7fffffff
 } pkv_memory;
 
 PKV_API const char *pkv_backend_name(pkv_backend backend); /* "auto", "cpu", "cuda", "hip" or "unknown" */
@@ -155,6 +161,10 @@ PKV_API pkv_status pkv_context_destroy(pkv_context *ctx);
 PKV_API pkv_status pkv_context_backend(const pkv_context *ctx, pkv_backend *out);
 /* Waits for all work enqueued on the context's stream. */
 PKV_API pkv_status pkv_context_synchronize(pkv_context *ctx);
+/* Measures the read bandwidth of the context's device in GB/s (1e9 bytes/s): the best of several
+ * passes of a read-only kernel over `bytes` (0: 2 GiB on a GPU, 512 MiB on the CPU), far larger than
+ * the caches. Decode is memory-bound, so this is the figure its speed is judged against. Blocks. */
+PKV_API pkv_status pkv_context_read_bandwidth(pkv_context *ctx, uint64_t bytes, double *gb_per_s);
 
 /* What a backend offers in this build on this machine, without creating a context. */
 typedef struct pkv_backend_info {
@@ -193,8 +203,8 @@ typedef struct pkv_pool_desc {
   pkv_format k_format;      /* F32, F16, BF16, Q8_0 or Q4_0 (default F16) */
   pkv_format v_format;      /* chosen independently of k_format (default F16) */
   uint32_t page_order_seed; /* 0: free pages handed out lowest id first; else shuffled with this seed */
-  uint32_t max_sequence_length; /* tokens one sequence may hold; 0: pages * page_size. Sizes the
-                                   device page table: max_sequences * ceil(this / page_size) * 4 bytes */
+  uint32_t max_sequence_length; /* tokens one sequence may hold (capped at pages * page_size); 0: that
+                                   cap. Sizes the page table: max_sequences * ceil(this / page_size) * 4 B */
 } pkv_pool_desc;
 #define PKV_POOL_DESC_INIT                                                                          \
   { (uint32_t)sizeof(pkv_pool_desc), 0, 0, 0, 16, 0, 256, PKV_FORMAT_F16, PKV_FORMAT_F16, 0, 0 }
@@ -207,8 +217,9 @@ PKV_API pkv_status pkv_pool_destroy(pkv_pool *pool);
 PKV_API pkv_status pkv_seq_alloc(pkv_pool *pool, pkv_seq *out);
 /* Returns the sequence's pages at once (pages shared with a fork stay with it); the handle is stale. */
 PKV_API pkv_status pkv_seq_free(pkv_pool *pool, pkv_seq seq);
-/* A new sequence with the parent's tokens. Pages are shared by reference count; a shared page that is
- * only partly filled is copied by the first of its holders that appends into it (copy on write). */
+/* A new sequence with the parent's tokens. Pages are shared by reference count; a holder that appends
+ * into a partly filled page still shared with another sequence first copies it (copy on write), and
+ * that copy counts as one page of its append. */
 PKV_API pkv_status pkv_seq_fork(pkv_pool *pool, pkv_seq parent, pkv_seq *child);
 /* Rolls the sequence back to new_length <= its length; pages past it return to the pool at once. */
 PKV_API pkv_status pkv_seq_truncate(pkv_pool *pool, pkv_seq seq, uint32_t new_length);
@@ -219,8 +230,8 @@ PKV_API pkv_status pkv_seq_length(pkv_pool *pool, pkv_seq seq, uint32_t *out);
  * ------------------------------------------------------------------------------------------------- */
 
 /* Adds n_new[i] token slots to seqs[i], for i < count. Transactional: either every sequence gets its
- * pages and its length advances, or nothing changes (PKV_ERR_OUT_OF_PAGES when the pool is short,
- * PKV_ERR_INVALID_ARGUMENT when a sequence would pass max_sequence_length).
+ * pages and its length advances, or nothing changes: PKV_ERR_INVALID_ARGUMENT when a sequence would
+ * pass max_sequence_length (checked first), else PKV_ERR_OUT_OF_PAGES when the pool is short.
  * A sequence may appear only once per call. The new slots hold no K/V until pkv_write fills them. */
 PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count);
 
@@ -321,6 +332,58 @@ PKV_API pkv_status pkv_convert_from_f32(pkv_format dst_format, const float *src,
 PKV_API pkv_status pkv_convert_to_f32(pkv_format src_format, const void *src, size_t n, float *dst);
 /* Bytes n values take in a format's row encoding (0 when n is not valid for the format). */
 PKV_API size_t pkv_format_row_bytes(pkv_format format, size_t n);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 9. Function table for runtime loaders
+ *
+ * A program that opens the library at run time (dlopen, LoadLibrary, FFI) needs one symbol,
+ * pkv_get_api, and calls everything else through the table it returns; include/pagedkv_loader.h does
+ * this for C and C++. The table is append-only: a function added later goes at the end under a new
+ * PKV_API_VERSION, and no entry is ever moved, removed or retyped, so a library offering version N
+ * serves every caller that asks for a version from 1 to N. Entries are named after the functions
+ * without their pkv_ prefix; version 1's follow this header's order. docs/abi.md states the rules.
+ * ------------------------------------------------------------------------------------------------- */
+#define PKV_API_VERSION 1
+
+typedef struct pkv_api {
+  uint32_t struct_size; /* sizeof the library's table */
+  uint32_t api_version; /* the newest version the library offers: entries up to it are set */
+  /* version 1 */
+  uint32_t (*version)(void);
+  const char *(*version_string)(void);
+  const char *(*status_string)(pkv_status status);
+  const char *(*last_error)(void);
+  const char *(*backend_name)(pkv_backend backend);
+  const char *(*format_name)(pkv_format format);
+  pkv_status (*context_create)(const pkv_context_desc *desc, pkv_context **out);
+  pkv_status (*context_destroy)(pkv_context *ctx);
+  pkv_status (*context_backend)(const pkv_context *ctx, pkv_backend *out);
+  pkv_status (*context_synchronize)(pkv_context *ctx);
+  pkv_status (*context_read_bandwidth)(pkv_context *ctx, uint64_t bytes, double *gb_per_s);
+  pkv_status (*backend_query)(pkv_backend backend, pkv_backend_info *info);
+  pkv_status (*pool_create)(pkv_context *ctx, const pkv_pool_desc *desc, pkv_pool **out);
+  pkv_status (*pool_destroy)(pkv_pool *pool);
+  pkv_status (*seq_alloc)(pkv_pool *pool, pkv_seq *out);
+  pkv_status (*seq_free)(pkv_pool *pool, pkv_seq seq);
+  pkv_status (*seq_fork)(pkv_pool *pool, pkv_seq parent, pkv_seq *child);
+  pkv_status (*seq_truncate)(pkv_pool *pool, pkv_seq seq, uint32_t new_length);
+  pkv_status (*seq_length)(pkv_pool *pool, pkv_seq seq, uint32_t *out);
+  pkv_status (*append)(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count);
+  pkv_status (*write)(pkv_pool *pool, const pkv_write_args *args);
+  pkv_status (*read)(pkv_pool *pool, const pkv_read_args *args);
+  pkv_status (*decode)(pkv_pool *pool, const pkv_decode_args *args);
+  pkv_status (*pool_get_stats)(pkv_pool *pool, pkv_pool_stats *out);
+  pkv_status (*convert_from_f32)(pkv_format dst_format, const float *src, size_t n, void *dst);
+  pkv_status (*convert_to_f32)(pkv_format src_format, const void *src, size_t n, float *dst);
+  size_t (*format_row_bytes)(pkv_format format, size_t n);
+} pkv_api;
+
+/* Sets *out to the library's table when it offers `version` (from 1 to the library's PKV_API_VERSION;
+ * pass the PKV_API_VERSION of the header compiled against). Any other version gives PKV_ERR_VERSION,
+ * with a last-error text naming the version asked for and the versions offered. The table is static
+ * and valid while the library stays loaded. pkv_get_api itself is not in the table: whoever holds
+ * the table has already resolved it. */
+PKV_API pkv_status pkv_get_api(uint32_t version, const pkv_api **out);
 
 #ifdef __cplusplus
 }

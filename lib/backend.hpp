@@ -81,6 +81,8 @@ class Backend {
   virtual void gather(const PoolGeometry &g, const GatherArgs &args) = 0;
   virtual void decode(const PoolGeometry &g, const DecodeBatch &batch) = 0;
   virtual void synchronize() = 0;
+  // GB/s of a read-only pass over `bytes` (0: the backend's default size), best of several passes.
+  virtual double read_bandwidth(uint64_t bytes) = 0;
 };
 
 } // namespace pkv

@@ -1,6 +1,7 @@
 #include "cpu_backend.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -173,6 +174,30 @@ class CpuBackend final : public Backend {
 
   void synchronize() override {}
 
+  // Each worker sums its share of a buffer of non-zero words; the sums are kept so the reads stay.
+  double read_bandwidth(uint64_t bytes) override {
+    const size_t words = size_t(std::max<uint64_t>(bytes ? bytes : kDefaultBandwidthBytes, 1 << 20) / 8);
+    std::vector<uint64_t> buffer(words);
+    for (size_t i = 0; i < words; i++) buffer[i] = i * 0x9E3779B97F4A7C15ull + 1;
+    const uint32_t parts = workers_.threads();
+    std::vector<uint64_t> sums(parts);
+    double best = 0.0;
+    for (int pass = 0; pass < 5; pass++) {
+      const auto t0 = std::chrono::steady_clock::now();
+      workers_.run(parts, [&](uint32_t part) {
+        const size_t begin = words * part / parts, end = words * (part + 1) / parts;
+        uint64_t s[4] = {0, 0, 0, 0};
+        for (size_t i = begin; i + 4 <= end; i += 4)
+          for (int j = 0; j < 4; j++) s[j] += buffer[i + j];
+        sums[part] += s[0] ^ s[1] ^ s[2] ^ s[3];
+      });
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, double(words) * 8 / seconds / 1e9);
+    }
+    if (std::find(sums.begin(), sums.end(), 0) != sums.end()) bandwidth_sink_ = sums[0];
+    return best;
+  }
+
  private:
   static void apply(const PoolGeometry &g, const TableUpdates &t) {
     auto *table = reinterpret_cast<uint32_t *>(host(g.table));
@@ -221,7 +246,10 @@ class CpuBackend final : public Backend {
     }
   }
 
+  static constexpr uint64_t kDefaultBandwidthBytes = 512ull << 20;
+
   WorkerPool workers_;
+  uint64_t bandwidth_sink_ = 0;
   std::mutex mu_;
   std::unordered_map<DevPtr, void *> blocks_;
 };

@@ -6,15 +6,29 @@
 
 #include "../cpu_backend.hpp"
 #include "../error.hpp"
+#if PKV_WITH_CUDA
+#include "../cuda/cuda_backend.hpp"
+#endif
 
 namespace pkv {
 
 namespace {
 
-// The GPU backends are not in this build yet: both say so, in the words a user can act on.
 const char *missing_reason(pkv_backend b) {
-  return b == PKV_BACKEND_CUDA ? "the CUDA backend is not built into this library version"
+  return b == PKV_BACKEND_CUDA ? "the CUDA backend is not built into this library (configure with nvcc found, -Dcuda=enabled)"
                                : "the HIP backend is not built into this library version";
+}
+
+bool compiled(pkv_backend b) {
+  return b == PKV_BACKEND_CPU || (b == PKV_BACKEND_CUDA && PKV_WITH_CUDA);
+}
+
+std::unique_ptr<Backend> make(pkv_backend b, const pkv_context_desc &desc) {
+  if (!compiled(b)) fail(PKV_ERR_UNSUPPORTED, "%s", missing_reason(b));
+#if PKV_WITH_CUDA
+  if (b == PKV_BACKEND_CUDA) return make_cuda_backend(desc.device, desc.stream);
+#endif
+  return make_cpu_backend(desc.threads);
 }
 
 pkv_backend from_environment() {
@@ -32,28 +46,43 @@ std::unique_ptr<Backend> create_backend(const pkv_context_desc &desc) {
   if (want == PKV_BACKEND_AUTO) want = from_environment();
   switch (want) {
   case PKV_BACKEND_AUTO:
-  case PKV_BACKEND_CPU: return make_cpu_backend(desc.threads);
+    // GPU backends first; whatever stops one (no driver, no device, an old driver) moves on to the next.
+    for (pkv_backend b : {PKV_BACKEND_CUDA, PKV_BACKEND_HIP}) {
+      if (!compiled(b)) continue;
+      try {
+        return make(b, desc);
+      } catch (const Error &) {
+      }
+    }
+    return make_cpu_backend(desc.threads);
+  case PKV_BACKEND_CPU:
   case PKV_BACKEND_CUDA:
-  case PKV_BACKEND_HIP: fail(PKV_ERR_UNSUPPORTED, "%s", missing_reason(want));
+  case PKV_BACKEND_HIP: return make(want, desc);
   default: fail(PKV_ERR_INVALID_ARGUMENT, "backend %d is not a pkv_backend value", int(want));
   }
 }
 
 void query_backend(pkv_backend backend, pkv_backend_info *info) {
   const char *detail = "";
-  std::string cpu;
+  std::string text;
   switch (backend) {
   case PKV_BACKEND_CPU:
-    cpu = cpu_description();
-    detail = cpu.c_str();
+    text = cpu_description();
+    detail = text.c_str();
     info->compiled = 1;
     info->device_count = 1;
     break;
   case PKV_BACKEND_CUDA:
   case PKV_BACKEND_HIP:
-    detail = missing_reason(backend);
-    info->compiled = 0;
+    info->compiled = compiled(backend);
     info->device_count = 0;
+    detail = missing_reason(backend);
+#if PKV_WITH_CUDA
+    if (backend == PKV_BACKEND_CUDA) {
+      info->device_count = cuda_devices(&text);
+      detail = text.c_str();
+    }
+#endif
     break;
   default:
     fail(PKV_ERR_INVALID_ARGUMENT, "backend %d: ask for PKV_BACKEND_CPU, PKV_BACKEND_CUDA or PKV_BACKEND_HIP",

@@ -1,0 +1,8 @@
+// The kernel images nvcc built (one fatbin per .cu), embedded by embed.py at build time.
+#pragma once
+
+namespace pkv {
+extern const unsigned char cuda_image_pages[];
+extern const unsigned char cuda_image_decode[];
+extern const unsigned char cuda_image_decode_fast[];
+} // namespace pkv

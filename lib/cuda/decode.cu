@@ -1,0 +1,149 @@
+// The generic split-K paged decode, for every head_dim and page format: a partial kernel computes each
+// chunk's attention for the query heads of one KV head (normalised output and log-sum-exp per head;
+// a sequence's only chunk writes the result itself), and a merge kernel combines the chunks of split
+// sequences through their log-sum-exp. The host plan (lib/plan.cpp) decides the chunks. The merge
+// also serves the specialised kernels of decode_fast.cu.
+#include <math.h>
+
+#include "device_format.cuh"
+
+using namespace pkv_dev;
+
+namespace {
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+// Block: PKV_DECODE_WARPS warps take the chunk's tokens in turn; lane l holds dims l, l + 32, ... of
+// every row, which for Q8_0/Q4_0 is element l of each 32-value group. Grid: (chunk, KV head, tile of
+// up to PKV_HEAD_TILE query heads). NV = head_dim / 32.
+template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
+  constexpr int T = PKV_HEAD_TILE, W = PKV_DECODE_WARPS, D = NV * 32;
+  __shared__ float sm_m[W][T], sm_l[W][T];
+  __shared__ float sm_acc[W][T][D];
+
+  const PkvPool &pool = p.pool;
+  const PkvChunk c = reinterpret_cast<const PkvChunk *>(p.chunks)[blockIdx.x];
+  const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads, g0 = blockIdx.z * T;
+  const uint32_t gt = min(uint32_t(T), group - g0);
+  const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  float q[T][NV], acc[T][NV], m[T], l[T];
+#pragma unroll
+  for (int g = 0; g < T; g++) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      acc[g][j] = 0.0f;
+      const uint64_t qi = (uint64_t(c.seq) * p.q_heads + h * group + g0 + g) * D + lane + 32 * j;
+      q[g][j] = g < gt ? load_io(p.q_format, reinterpret_cast<const void *>(p.q), qi) * p.scale : 0.0f;
+    }
+  }
+
+  const uint32_t *row = reinterpret_cast<const uint32_t *>(pool.table) +
+                        uint64_t(reinterpret_cast<const uint32_t *>(p.seq_slots)[c.seq]) * pool.table_stride;
+  for (uint32_t t = c.token_begin + warp; t < c.token_end; t += W) {
+    const uint32_t page = row[t / pool.page_size], slot = t % pool.page_size;
+    if (page >= pool.pages) continue; // a corrupted table must not read outside the pool
+    const uint8_t *kp = part(pool, p.layer, page, false), *vp = part(pool, p.layer, page, true);
+    float kv[NV], vv[NV];
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      kv[j] = load_value(pool.k, pool, kp, h, slot, lane + 32 * j);
+      vv[j] = load_value(pool.v, pool, vp, h, slot, lane + 32 * j);
+    }
+#pragma unroll
+    for (int g = 0; g < T; g++) {
+      if (g >= gt) break;
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NV; j++) s += q[g][j] * kv[j];
+      s = warp_sum(s);
+      const float m_new = fmaxf(m[g], s);
+      const float correction = expf(m[g] - m_new), w = expf(s - m_new);
+      l[g] = l[g] * correction + w;
+#pragma unroll
+      for (int j = 0; j < NV; j++) acc[g][j] = acc[g][j] * correction + w * vv[j];
+      m[g] = m_new;
+    }
+  }
+
+#pragma unroll
+  for (int g = 0; g < T; g++) {
+    if (lane == 0) {
+      sm_m[warp][g] = m[g];
+      sm_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int j = 0; j < NV; j++) sm_acc[warp][g][lane + 32 * j] = acc[g][j];
+  }
+  __syncthreads();
+
+  const uint32_t *seq_chunks = reinterpret_cast<const uint32_t *>(p.seq_chunks);
+  const bool single = seq_chunks[c.seq + 1] - seq_chunks[c.seq] == 1;
+  for (uint32_t i = threadIdx.x; i < gt * D; i += blockDim.x) {
+    const uint32_t g = i / D, d = i % D;
+    float top = -INFINITY;
+    for (int w = 0; w < W; w++) top = fmaxf(top, sm_m[w][g]);
+    float sum = 0.0f, o = 0.0f;
+    for (int w = 0; w < W; w++) {
+      const float weight = sm_m[w][g] == -INFINITY ? 0.0f : expf(sm_m[w][g] - top);
+      sum += weight * sm_l[w][g];
+      o += weight * sm_acc[w][g][d];
+    }
+    const float value = sum > 0.0f ? o / sum : 0.0f, lse = sum > 0.0f ? top + logf(sum) : -INFINITY;
+    if (single) { // the sequence's only chunk: this is the result
+      const uint64_t head = uint64_t(c.seq) * p.q_heads + h * group + g0 + g;
+      store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, value);
+      if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
+    } else {
+      const uint64_t part = uint64_t(blockIdx.x) * p.q_heads + h * group + g0 + g;
+      reinterpret_cast<float *>(p.part_out)[part * D + d] = value;
+      if (d == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;
+    }
+  }
+}
+
+} // namespace
+
+#define PKV_DECODE_PARTIAL(NV)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(PKV_DECODE_WARPS * 32) pkv_decode_partial_##NV(PkvDecodeParams p) { \
+    decode_partial<NV>(p);                                                                                         \
+  }
+PKV_DECODE_PARTIAL(1)
+PKV_DECODE_PARTIAL(2)
+PKV_DECODE_PARTIAL(3)
+PKV_DECODE_PARTIAL(4)
+PKV_DECODE_PARTIAL(5)
+PKV_DECODE_PARTIAL(6)
+PKV_DECODE_PARTIAL(7)
+PKV_DECODE_PARTIAL(8)
+
+// Grid: (sequence, query head); thread d < head_dim. Chunks are combined in order, so the result is
+// the same bits every run. A sequence without chunks (empty) gives 0 and -inf; one with a single
+// chunk was written by the partial kernel.
+extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
+  const uint32_t s = blockIdx.x, qh = blockIdx.y, D = p.pool.head_dim;
+  const uint32_t *seq_chunks = reinterpret_cast<const uint32_t *>(p.seq_chunks);
+  const uint32_t c0 = seq_chunks[s], c1 = seq_chunks[s + 1];
+  if (c1 - c0 == 1) return;
+  const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
+  const float *part_out = reinterpret_cast<const float *>(p.part_out);
+  float top = -INFINITY;
+  for (uint32_t c = c0; c < c1; c++) top = fmaxf(top, part_lse[uint64_t(c) * p.q_heads + qh]);
+  for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float sum = 0.0f, o = 0.0f;
+    for (uint32_t c = c0; c < c1; c++) {
+      const float lse = part_lse[uint64_t(c) * p.q_heads + qh];
+      const float w = lse == -INFINITY ? 0.0f : expf(lse - top);
+      sum += w;
+      o += w * part_out[(uint64_t(c) * p.q_heads + qh) * D + d];
+    }
+    const uint64_t i = (uint64_t(s) * p.q_heads + qh) * D + d;
+    store_io(p.out_format, reinterpret_cast<void *>(p.out), i, sum > 0.0f ? o / sum : 0.0f);
+    if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[uint64_t(s) * p.q_heads + qh] = sum > 0.0f ? top + logf(sum) : -INFINITY;
+  }
+}

@@ -1,0 +1,113 @@
+// Element formats on the device: the same arithmetic as lib/format.cpp, operation for operation
+// (explicitly rounded multiplies and adds, so no fused multiply-add changes a quantized value), so
+// that pages written here are byte-identical to the CPU backend's.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernel_params.h"
+
+namespace pkv_dev {
+
+// pkv_format values (include/pagedkv.h).
+enum : uint32_t { F32 = 1, F16 = 2, BF16 = 3, Q8_0 = 4, Q4_0 = 5 };
+constexpr uint32_t kGroup = 32;
+
+__device__ __forceinline__ float half_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ uint16_t float_to_half(float x) { return __half_as_ushort(__float2half_rn(x)); }
+__device__ __forceinline__ float bf16_to_float(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ uint16_t float_to_bf16(float x) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+// Element i of an F32/F16/BF16 array.
+__device__ __forceinline__ float load_io(uint32_t format, const void *p, uint64_t i) {
+  switch (format) {
+  case F32: return static_cast<const float *>(p)[i];
+  case F16: return half_to_float(static_cast<const uint16_t *>(p)[i]);
+  default: return bf16_to_float(static_cast<const uint16_t *>(p)[i]);
+  }
+}
+
+__device__ __forceinline__ void store_io(uint32_t format, void *p, uint64_t i, float x) {
+  switch (format) {
+  case F32: static_cast<float *>(p)[i] = x; break;
+  case F16: static_cast<uint16_t *>(p)[i] = float_to_half(x); break;
+  default: static_cast<uint16_t *>(p)[i] = float_to_bf16(x); break;
+  }
+}
+
+__device__ __forceinline__ uint32_t io_bytes(uint32_t format) { return format == F32 ? 4 : 2; }
+
+// The K (or V) part of block (layer, page).
+__device__ __forceinline__ uint8_t *part(const PkvPool &p, uint32_t layer, uint32_t page, bool v) {
+  return reinterpret_cast<uint8_t *>(p.base) + (uint64_t(layer) * p.pages + page) * p.block_bytes + (v ? p.k_bytes : 0);
+}
+
+__device__ __forceinline__ uint64_t row_index(const PkvPool &p, uint32_t head, uint32_t slot) {
+  return uint64_t(head) * p.page_size + slot;
+}
+
+// Value d of the row (head, slot) of a page part.
+__device__ __forceinline__ float load_value(const PkvPlane &pl, const PkvPool &p, const uint8_t *part_ptr,
+                                            uint32_t head, uint32_t slot, uint32_t d) {
+  const uint64_t row = row_index(p, head, slot);
+  const uint8_t *data = part_ptr + row * pl.row_data_bytes;
+  if (pl.format == Q8_0 || pl.format == Q4_0) {
+    const uint16_t scale =
+        reinterpret_cast<const uint16_t *>(part_ptr + pl.scale_offset + row * pl.row_scale_bytes)[d / kGroup];
+    const uint32_t e = d % kGroup;
+    int q;
+    if (pl.format == Q8_0) {
+      q = reinterpret_cast<const int8_t *>(data)[d];
+    } else {
+      const uint8_t byte = data[(d / kGroup) * (kGroup / 2) + (e % (kGroup / 2))];
+      q = int(e < kGroup / 2 ? (byte & 15) : (byte >> 4)) - 8;
+    }
+    return float(q) * half_to_float(scale);
+  }
+  return load_io(pl.format, data, d);
+}
+
+// Group g (32 values) of the row (head, slot): quantized with ggml's reference arithmetic, or
+// rounded to the page's float format.
+__device__ __forceinline__ void store_group(const PkvPlane &pl, const PkvPool &p, uint8_t *part_ptr, uint32_t head,
+                                            uint32_t slot, uint32_t g, const float *x) {
+  const uint64_t row = row_index(p, head, slot);
+  uint8_t *data = part_ptr + row * pl.row_data_bytes;
+  if (pl.format == Q8_0 || pl.format == Q4_0) {
+    uint16_t *scale = reinterpret_cast<uint16_t *>(part_ptr + pl.scale_offset + row * pl.row_scale_bytes) + g;
+    if (pl.format == Q8_0) {
+      float amax = 0.0f;
+      for (uint32_t j = 0; j < kGroup; j++) amax = fmaxf(amax, fabsf(x[j]));
+      const float d = __fdiv_rn(amax, 127.0f);
+      const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
+      *scale = float_to_half(d);
+      int8_t *q = reinterpret_cast<int8_t *>(data) + g * kGroup;
+      for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(roundf(__fmul_rn(x[j], id)));
+    } else {
+      float amax = 0.0f, max = 0.0f;
+      for (uint32_t j = 0; j < kGroup; j++) {
+        if (amax < fabsf(x[j])) {
+          amax = fabsf(x[j]);
+          max = x[j];
+        }
+      }
+      const float d = __fdiv_rn(max, -8.0f);
+      const float id = d != 0.0f ? __frcp_rn(d) : 0.0f;
+      *scale = float_to_half(d);
+      uint8_t *q = data + g * (kGroup / 2);
+      for (uint32_t j = 0; j < kGroup / 2; j++) {
+        const int lo = min(15, int(__fadd_rn(__fmul_rn(x[j], id), 8.5f)));
+        const int hi = min(15, int(__fadd_rn(__fmul_rn(x[j + kGroup / 2], id), 8.5f)));
+        q[j] = uint8_t(lo | (hi << 4));
+      }
+    }
+    return;
+  }
+  for (uint32_t j = 0; j < kGroup; j++) store_io(pl.format, data, g * kGroup + j, x[j]);
+}
+
+} // namespace pkv_dev

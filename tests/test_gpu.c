@@ -1,0 +1,225 @@
+/* Tests for GPU backends only (skipped, visibly, when the backend in use is the CPU): pages written
+ * by the GPU are identical to the CPU backend's, a batch of 512 sequences and one 128K-token sequence
+ * decode like a float64 oracle. The rest of the suite runs on the GPU through PKV_BACKEND. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "poolutil.h"
+#include "testutil.h"
+
+static tu_rng rng;
+
+static void check(pkv_status st) {
+  if (st != PKV_OK) fail_msg("%s", pkv_last_error());
+}
+
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes);
+  assert_non_null(p);
+  return p;
+}
+
+static void random_values(float *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = (float)tu_uniform(&rng, -3.0, 3.0);
+}
+
+/* A pool on the backend PKV_BACKEND selects; skips the test when that is the CPU. */
+static void open_gpu(const pkv_pool_desc *d, pkv_context **ctx, pkv_pool **pool) {
+  pu_open(d, ctx, pool);
+  pkv_backend b;
+  check(pkv_context_backend(*ctx, &b));
+  if (b == PKV_BACKEND_CPU) {
+    pu_close(*ctx, *pool);
+    skip();
+  }
+}
+
+/* Every page format pair, rows straddling pages: the GPU's scatter (quantization included) and the
+ * CPU backend's must store the same bytes, seen here through their dequantized values bit for bit. */
+static void pages_identical_to_cpu(void **state) {
+  (void)state;
+  static const pkv_format formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0,
+                                       PKV_FORMAT_Q4_0};
+  enum { N = 5, HEADS = 3, D = 128, ROWS = 77 };
+  for (int fk = 0; fk < N; fk++) {
+    const pkv_pool_desc d = pu_desc(2, HEADS, D, 16, 16, 4, formats[fk], formats[(fk + 2) % N]);
+    pkv_context *gctx, *cctx;
+    pkv_pool *gpool, *cpool;
+    open_gpu(&d, &gctx, &gpool);
+    pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+    cd.backend = PKV_BACKEND_CPU;
+    check(pkv_context_create(&cd, &cctx));
+    check(pkv_pool_create(cctx, &d, &cpool));
+
+    float *k = xmalloc(sizeof(float) * ROWS * HEADS * D), *v = xmalloc(sizeof(float) * ROWS * HEADS * D);
+    float *gk = xmalloc(sizeof(float) * ROWS * HEADS * D), *gv = xmalloc(sizeof(float) * ROWS * HEADS * D);
+    float *ck = xmalloc(sizeof(float) * ROWS * HEADS * D), *cv = xmalloc(sizeof(float) * ROWS * HEADS * D);
+    random_values(k, (size_t)ROWS * HEADS * D);
+    random_values(v, (size_t)ROWS * HEADS * D);
+    k[5] = 0.0f; /* a group with a zero, and a whole zero group: d = 0 is an edge of the arithmetic */
+    memset(v + D, 0, sizeof(float) * 32);
+    pkv_seq gs, cs;
+    const uint32_t n = ROWS;
+    check(pkv_seq_alloc(gpool, &gs));
+    check(pkv_seq_alloc(cpool, &cs));
+    check(pkv_append(gpool, &gs, &n, 1));
+    check(pkv_append(cpool, &cs, &n, 1));
+    for (uint32_t layer = 0; layer < 2; layer++) {
+      check(pu_write(gpool, layer, &gs, &n, 1, PKV_FORMAT_F32, k, v));
+      check(pu_write(cpool, layer, &cs, &n, 1, PKV_FORMAT_F32, k, v));
+      memset(gk, 0xff, sizeof(float) * ROWS * HEADS * D);
+      memset(gv, 0xff, sizeof(float) * ROWS * HEADS * D);
+      check(pu_read(gpool, layer, gs, 0, ROWS, PKV_FORMAT_F32, gk, gv));
+      check(pu_read(cpool, layer, cs, 0, ROWS, PKV_FORMAT_F32, ck, cv));
+      for (size_t i = 0; i < (size_t)ROWS * HEADS * D; i++)
+        if (memcmp(&gk[i], &ck[i], 4) != 0 || memcmp(&gv[i], &cv[i], 4) != 0)
+          fail_msg("K %s / V %s, layer %u, value %zu: GPU K %a V %a, CPU K %a V %a", pkv_format_name(d.k_format),
+                   pkv_format_name(d.v_format), layer, i, gk[i], gv[i], ck[i], cv[i]);
+    }
+    free(k);
+    free(v);
+    free(gk);
+    free(gv);
+    free(ck);
+    free(cv);
+    check(pkv_pool_destroy(cpool));
+    check(pkv_context_destroy(cctx));
+    pu_close(gctx, gpool);
+  }
+}
+
+/* Attention of one query head in float64 over F16-stored K/V rows [len][kv_heads][D]. */
+static double oracle(const float *q, const float *k, const float *v, uint32_t len, uint32_t kv_heads, uint32_t kh,
+                     uint32_t D, double scale, double *out) {
+  double top = -INFINITY, sum = 0.0;
+  double *s = xmalloc(sizeof(double) * (len ? len : 1));
+  for (uint32_t t = 0; t < len; t++) {
+    double dot = 0.0;
+    for (uint32_t d = 0; d < D; d++) dot += (double)q[d] * k[((size_t)t * kv_heads + kh) * D + d];
+    s[t] = scale * dot;
+    if (s[t] > top) top = s[t];
+  }
+  for (uint32_t d = 0; d < D; d++) out[d] = 0.0;
+  for (uint32_t t = 0; t < len; t++) {
+    const double w = exp(s[t] - top);
+    sum += w;
+    for (uint32_t d = 0; d < D; d++) out[d] += w * v[((size_t)t * kv_heads + kh) * D + d];
+  }
+  free(s);
+  for (uint32_t d = 0; d < D; d++) out[d] = len ? out[d] / sum : 0.0;
+  return len ? top + log(sum) : -INFINITY;
+}
+
+/* count sequences of the given lengths, GQA q_heads / kv_heads, F16 pages, F32 q and out. */
+static void decode_against_oracle(const uint32_t *len, uint32_t count, uint32_t q_heads, uint32_t kv_heads,
+                                  uint32_t pages) {
+  enum { D = 128 };
+  pkv_pool_desc d = pu_desc(1, kv_heads, D, 16, pages, count, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  d.page_order_seed = (uint32_t)tu_next(&rng) | 1u;
+  pkv_context *ctx;
+  pkv_pool *pool;
+  open_gpu(&d, &ctx, &pool);
+
+  size_t total = 0;
+  for (uint32_t b = 0; b < count; b++) total += len[b];
+  const size_t row = (size_t)kv_heads * D;
+  float *k = xmalloc(sizeof(float) * total * row), *v = xmalloc(sizeof(float) * total * row);
+  random_values(k, total * row);
+  random_values(v, total * row);
+  tu_round_trip(PKV_FORMAT_F16, k, total * row, k); /* the values the pages hold */
+  tu_round_trip(PKV_FORMAT_F16, v, total * row, v);
+  pkv_seq *seqs = xmalloc(sizeof(pkv_seq) * count);
+  for (uint32_t b = 0; b < count; b++) check(pkv_seq_alloc(pool, &seqs[b]));
+  check(pkv_append(pool, seqs, len, count));
+  check(pu_write(pool, 0, seqs, len, count, PKV_FORMAT_F32, k, v));
+
+  const size_t heads = (size_t)count * q_heads;
+  float *q = xmalloc(sizeof(float) * heads * D), *out = xmalloc(sizeof(float) * heads * D);
+  float *lse = xmalloc(sizeof(float) * heads);
+  random_values(q, heads * D);
+  for (size_t i = 0; i < heads * D; i++) out[i] = NAN;
+  for (size_t i = 0; i < heads; i++) lse[i] = NAN;
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.seqs = seqs;
+  a.count = count;
+  a.q_heads = q_heads;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  check(pkv_decode(pool, &a));
+
+  double ref[D], worst = 0.0, worst_lse = 0.0;
+  size_t first = 0;
+  for (uint32_t b = 0; b < count; b++) {
+    for (uint32_t h = 0; h < q_heads; h++) {
+      const size_t i = (size_t)b * q_heads + h;
+      const double ref_lse = oracle(q + i * D, k + first * row, v + first * row, len[b], kv_heads,
+                                    h / (q_heads / kv_heads), D, 1.0 / sqrt((double)D), ref);
+      double err = 0.0, norm = 0.0;
+      for (uint32_t x = 0; x < D; x++) {
+        err += (out[i * D + x] - ref[x]) * (out[i * D + x] - ref[x]);
+        norm += ref[x] * ref[x];
+      }
+      if (len[b] == 0) { /* empty: exactly 0 and -inf */
+        if (norm != 0.0 || err != 0.0 || lse[i] != -INFINITY)
+          fail_msg("empty sequence %u head %u: out not 0 or lse %g not -inf", b, h, lse[i]);
+        continue;
+      }
+      if (!(sqrt(err) <= 1e-4 * sqrt(norm) + 1e-6)) /* NaN fails too */
+        fail_msg("sequence %u (length %u) head %u: relative error %g", b, len[b], h, sqrt(err / norm));
+      if (!(fabs(lse[i] - ref_lse) <= 1e-4 * fabs(ref_lse) + 1e-4))
+        fail_msg("sequence %u head %u: lse %g, oracle %g", b, h, lse[i], ref_lse);
+      if (norm > 0 && sqrt(err / norm) > worst) worst = sqrt(err / norm);
+      if (fabs(lse[i] - ref_lse) > worst_lse) worst_lse = fabs(lse[i] - ref_lse);
+    }
+    first += len[b];
+  }
+  print_message("%u sequences, %zu tokens: worst relative error %.2e, worst lse error %.2e\n", count, total, worst,
+                worst_lse);
+  free(k);
+  free(v);
+  free(q);
+  free(out);
+  free(lse);
+  free(seqs);
+  pu_close(ctx, pool);
+}
+
+static void batch_of_512(void **state) {
+  (void)state;
+  enum { COUNT = 512 };
+  uint32_t len[COUNT], pages = 0;
+  for (uint32_t b = 0; b < COUNT; b++) {
+    len[b] = b % 61 == 0 ? 0 : 1 + tu_below(&rng, 400);
+    pages += (len[b] + 15) / 16;
+  }
+  decode_against_oracle(len, COUNT, 32, 8, pages);
+}
+
+static void one_sequence_of_128k(void **state) {
+  (void)state;
+  const uint32_t len = 128 * 1024;
+  decode_against_oracle(&len, 1, 8, 1, len / 16);
+}
+
+static int setup(void **state) {
+  (void)state;
+  rng = tu_rng_make(tu_seed());
+  return 0;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(pages_identical_to_cpu),
+      cmocka_unit_test(batch_of_512),
+      cmocka_unit_test(one_sequence_of_128k),
+  };
+  return cmocka_run_group_tests(tests, setup, NULL);
+}
