@@ -1,0 +1,48 @@
+/* pkv-info: the pagedkv library's version and what each backend offers on this machine. */
+#include <stdio.h>
+#include <string.h>
+
+#include "pagedkv.h"
+
+/* Prints a failure: the detail text is copied before any other pagedkv call can replace it. */
+static void print_failure(const char *what, pkv_status st) {
+  char detail[512];
+  strncpy(detail, pkv_last_error(), sizeof detail - 1);
+  detail[sizeof detail - 1] = '\0';
+  printf("%s: %s%s%s\n", what, pkv_status_string(st), detail[0] ? ": " : "", detail);
+}
+
+int main(void) {
+  static const pkv_backend backends[] = {PKV_BACKEND_CPU, PKV_BACKEND_CUDA, PKV_BACKEND_HIP};
+  pkv_context_desc desc = PKV_CONTEXT_DESC_INIT;
+  pkv_context *ctx = NULL;
+  pkv_backend chosen = PKV_BACKEND_AUTO;
+  pkv_status st;
+  size_t i;
+
+  printf("pagedkv %s (library %u, header %s)\n", pkv_version_string(), (unsigned)pkv_version(),
+         PKV_VERSION_STRING);
+
+  for (i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+    pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+    st = pkv_backend_query(backends[i], &info);
+    if (st != PKV_OK) {
+      printf("%-5s ", pkv_backend_name(backends[i]));
+      print_failure("pkv_backend_query failed", st);
+      continue;
+    }
+    info.detail[sizeof info.detail - 1] = '\0';
+    printf("%-5s %-12s devices: %d  %s\n", pkv_backend_name(backends[i]),
+           info.compiled ? "compiled in" : "not compiled", (int)info.device_count, info.detail);
+  }
+
+  /* What a context with PKV_BACKEND_AUTO (honouring PKV_BACKEND) would run on. */
+  st = pkv_context_create(&desc, &ctx);
+  if (st == PKV_OK) st = pkv_context_backend(ctx, &chosen);
+  if (st == PKV_OK)
+    printf("default backend (auto): %s\n", pkv_backend_name(chosen));
+  else
+    print_failure("default backend (auto): none", st);
+  if (ctx && (st = pkv_context_destroy(ctx)) != PKV_OK) print_failure("pkv_context_destroy", st);
+  return 0;
+}
