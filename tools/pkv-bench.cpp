@@ -4,6 +4,8 @@
 // Public API only.
 #include "pagedkv.h"
 
+#include "bench_device.hpp"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -275,13 +278,13 @@ struct Env {
   std::string device;
   bool cpu = false;
   unsigned threads = 0;        // pkv_context_desc.threads (0: the library's choice)
-  unsigned bw_threads = 1;     // threads of the bandwidth reduction
   uint32_t iters = 50;
   uint64_t rotate_bytes = 128ull << 20;
   uint64_t mem_avail = 0;      // host bytes available for pools (CPU backend); 0: unknown
   double bw_gbs = 0;           // measured (or given) read bandwidth, GB/s; 0: none
   std::string bw_method;
   std::vector<uint16_t> bank;  // random F16 K/V source values
+  std::unique_ptr<BenchDevice> dev; // GPU backends: the bench's stream, q/out buffers and timing events
   Rng rng{12345};
 };
 
@@ -306,35 +309,6 @@ std::vector<uint16_t> random_values(Env &e, pkv_format fmt, size_t n) {
   std::vector<uint16_t> out(n);
   check(pkv_convert_from_f32(fmt, f.data(), n, out.data()), "pkv_convert_from_f32");
   return out;
-}
-
-// The device's read bandwidth. CPU: a multi-threaded read-only reduction over a buffer much larger
-// than the caches, best of several passes.
-double measure_host_read_bw(unsigned threads, size_t bytes, int passes) {
-  std::vector<uint64_t> buf(bytes / 8);
-  for (size_t i = 0; i < buf.size(); i++) buf[i] = i * 0x9E3779B97F4A7C15ull + 1;
-  std::vector<uint64_t> sums(threads * 8);
-  double best = 0;
-  for (int p = 0; p < passes; p++) {
-    auto t0 = Clock::now();
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; t++)
-      pool.emplace_back([&, t] {
-        size_t n = buf.size() / threads, lo = t * n;
-        const uint64_t *x = buf.data() + lo;
-        uint64_t a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (size_t i = 0; i + 8 <= n; i += 8)
-          for (int j = 0; j < 8; j++) a[j] += x[i + j];
-        for (int j = 0; j < 8; j++) sums[t * 8 + j] = a[j];
-      });
-    for (auto &th : pool) th.join();
-    double s = us_since(t0) * 1e-6;
-    best = std::max(best, (double)(buf.size() / threads * threads * 8) / s / 1e9);
-  }
-  volatile uint64_t sink = 0;
-  for (uint64_t s : sums) sink = sink + s;
-  (void)sink;
-  return best;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -428,6 +402,17 @@ struct DecodePool {
   PoolGuard pool;
   std::vector<pkv_seq> seqs;
   std::vector<uint16_t> q, out;
+  BenchDevice *dev = nullptr; // q and out live on it when set, as an engine's would
+  void *dev_q = nullptr, *dev_out = nullptr;
+
+  DecodePool() = default;
+  DecodePool(const DecodePool &) = delete;
+  DecodePool &operator=(const DecodePool &) = delete;
+  ~DecodePool() {
+    if (!dev) return;
+    dev->release(dev_q);
+    dev->release(dev_out);
+  }
   pkv_decode_args args = PKV_DECODE_ARGS_INIT;
   uint32_t b = 0, copies = 0;
   uint64_t bytes = 0; // the pool's size
@@ -458,12 +443,26 @@ struct DecodePool {
     args.memory = PKV_MEMORY_HOST;
     args.q = q.data();
     args.out = out.data();
+    if (e.dev) {
+      dev = e.dev.get();
+      dev_q = dev->alloc(q.size() * 2);
+      dev_out = dev->alloc(out.size() * 2);
+      dev->upload(dev_q, q.data(), q.size() * 2);
+      args.memory = PKV_MEMORY_DEVICE;
+      args.q = dev_q;
+      args.out = dev_out;
+    }
     call(e, 0); // on the empty sequences: an unsupported call is reported before the fill
     for (size_t i = 0; i < seqs.size(); i++) fill_seq(e, pool.p, seqs[i], lens[i % b], (size_t)s.hkv * s.d);
   }
 
   double call(Env &e, uint32_t i) { // microseconds
     args.seqs = &seqs[(size_t)(i % copies) * b];
+    if (dev) { // device time on the bench's stream: the call's upload, kernels and any gap between them
+      dev->start();
+      check(pkv_decode(pool.p, &args), "pkv_decode");
+      return dev->stop_us();
+    }
     auto t0 = Clock::now();
     check(pkv_decode(pool.p, &args), "pkv_decode");
     check(pkv_context_synchronize(e.ctx), "pkv_context_synchronize");
@@ -736,8 +735,7 @@ struct Meta {
 };
 
 void write_json(const char *path, const Env &e, const Meta &m, const std::vector<DecodeResult> &dec,
-                const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh,
-                double bw_buffer_mb, double lib_bw) {
+                const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh) {
   FILE *f = std::fopen(path, "w");
   if (!f) {
     std::fprintf(stderr, "pkv-bench: cannot write %s: %s\n", path, std::strerror(errno));
@@ -749,11 +747,8 @@ void write_json(const char *path, const Env &e, const Meta &m, const std::vector
   std::fprintf(f, "{\n  \"tool\": \"pkv-bench\",\n  %s,\n", common.c_str());
   std::fprintf(f, "  \"date\": %s,\n  \"command\": %s,\n  \"threads\": %u,\n  \"iters\": %u,\n",
                json_str(m.date).c_str(), json_str(m.command).c_str(), e.threads, e.iters);
-  std::fprintf(f, "  \"bandwidth\": {\"gbs\": %s, \"method\": %s, \"threads\": %u, \"buffer_mb\": %s, "
-                  "\"library_gbs\": %s},\n",
-               e.bw_gbs > 0 ? json_num(e.bw_gbs, "%.3f").c_str() : "null", json_str(e.bw_method).c_str(),
-               e.bw_threads, bw_buffer_mb > 0 ? json_num(bw_buffer_mb, "%.0f").c_str() : "null",
-               lib_bw > 0 ? json_num(lib_bw, "%.3f").c_str() : "null");
+  std::fprintf(f, "  \"bandwidth\": {\"gbs\": %s, \"method\": %s},\n",
+               e.bw_gbs > 0 ? json_num(e.bw_gbs, "%.3f").c_str() : "null", json_str(e.bw_method).c_str());
 
   std::fprintf(f, "  \"decode\": [");
   for (size_t i = 0; i < dec.size(); i++) {
@@ -900,8 +895,16 @@ int main(int argc, char **argv) {
   cd.device = device;
   cd.threads = e.threads;
   try {
+#if PKV_BENCH_CUDA
+    if (backend != PKV_BACKEND_CPU) {
+      std::string no_device; // then the library's own stream and host q/out: its context says why
+      e.dev = open_cuda_bench_device(device, &no_device);
+      if (e.dev) cd.stream = e.dev->stream();
+    }
+#endif
     check(pkv_context_create(&cd, &e.ctx), "pkv_context_create");
     check(pkv_context_backend(e.ctx, &e.backend), "pkv_context_backend");
+    if (e.backend != PKV_BACKEND_CUDA) e.dev.reset();
     pkv_backend_info info = PKV_BACKEND_INFO_INIT;
     check(pkv_backend_query(e.backend, &info), "pkv_backend_query");
     info.detail[sizeof info.detail - 1] = '\0';
@@ -912,7 +915,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   e.cpu = e.backend == PKV_BACKEND_CPU;
-  e.bw_threads = e.threads ? e.threads : std::max(1u, std::thread::hardware_concurrency());
   if (e.cpu) e.mem_avail = mem_available() / 2; // a margin: the machine may be shared
   m.version = pkv_version_string();
   m.rev = pkv_bench_git_revision;
@@ -926,38 +928,17 @@ int main(int argc, char **argv) {
   std::printf("pkv-bench: pagedkv %s, revision %s, backend %s (%s), %s run, %u timed calls\n", m.version.c_str(),
               m.rev.c_str(), m.backend.c_str(), m.device.c_str(), full ? "full" : "default", e.iters);
 
-  // Read bandwidth, measured in this run: on the CPU by the bench's own reduction (the library's
-  // figure is recorded beside it), on a GPU by the library's read-only kernel.
-  double bw_buffer_mb = 0, lib_bw = 0;
-  std::string lib_bw_error;
-  if (!run.empty() && e.bw_gbs <= 0) {
-    pkv_status st = pkv_context_read_bandwidth(e.ctx, 0, &lib_bw);
-    if (st != PKV_OK) {
-      lib_bw_error = pkv_last_error();
-      lib_bw_error = std::string("pkv_context_read_bandwidth: ") + pkv_status_string(st) + ": " + lib_bw_error;
-      lib_bw = 0;
-    }
-  }
+  // Read bandwidth, measured in this run by the library's read-only pass over the device's memory.
   if (e.bw_gbs > 0) {
     e.bw_method = "given with --bw-gbs";
-  } else if (e.cpu && !run.empty()) {
-    size_t bytes = 1ull << 30;
-    if (e.mem_avail && e.mem_avail < 4 * bytes) bytes = e.mem_avail / 4;
-    bw_buffer_mb = bytes / 1048576.0;
-    e.bw_gbs = measure_host_read_bw(e.bw_threads, bytes, 7);
-    e.bw_method = strf("host read-only reduction, best of 7 passes, %u threads, %.0f MB", e.bw_threads, bw_buffer_mb);
-  } else if (lib_bw > 0) {
-    e.bw_gbs = lib_bw;
-    e.bw_method = "pkv_context_read_bandwidth: the library's read-only kernel";
   } else if (!run.empty()) {
-    e.bw_method = "not measured: " + lib_bw_error + " (pass --bw-gbs)";
+    const pkv_status st = pkv_context_read_bandwidth(e.ctx, 0, &e.bw_gbs);
+    e.bw_method = st == PKV_OK ? "pkv_context_read_bandwidth: best of several read-only passes"
+                               : std::string("not measured: ") + pkv_status_string(st) + ": " + pkv_last_error();
+    if (st != PKV_OK) e.bw_gbs = 0;
   }
-  if (e.bw_gbs > 0)
-    std::printf("read bandwidth: %.2f GB/s (%s)\n", e.bw_gbs, e.bw_method.c_str());
-  else if (!run.empty())
-    std::printf("read bandwidth: %s\n", e.bw_method.c_str());
-  if (e.cpu && lib_bw > 0) std::printf("library's pkv_context_read_bandwidth: %.2f GB/s\n", lib_bw);
-  else if (e.cpu && !lib_bw_error.empty()) std::printf("%s\n", lib_bw_error.c_str());
+  if (!run.empty()) std::printf("read bandwidth: %s%s\n", e.bw_gbs > 0 ? strf("%.2f GB/s, ", e.bw_gbs).c_str() : "",
+                                e.bw_method.c_str());
   if (!run.empty()) std::printf("\n");
 
   // Decode.
@@ -1015,7 +996,7 @@ int main(int argc, char **argv) {
       std::printf("%-34s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
   }
 
-  write_json(json_path.c_str(), e, m, dec, app, ovh, bw_buffer_mb, lib_bw);
+  write_json(json_path.c_str(), e, m, dec, app, ovh);
   int errors = 0;
   for (auto &r : dec) errors += r.status == "error";
   for (auto &r : app) errors += r.status == "error";

@@ -50,6 +50,7 @@ PkvPool pool_params(const PoolGeometry &g) {
   p.pages = g.pages;
   p.table_stride = g.table_stride;
   p.max_sequences = g.max_sequences;
+  while ((1u << p.page_shift) < g.page_size) p.page_shift++;
   p.k = plane(g.k);
   p.v = plane(g.v);
   return p;

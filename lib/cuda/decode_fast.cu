@@ -118,9 +118,10 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
         const int r = i / pieces, piece = i % pieces;
         const uint32_t t = t0 + r;
         if (t >= c.token_end) continue;
-        const uint32_t page = table[t / pool.page_size];
-        if (page >= pool.pages) continue; // a corrupted table must not read outside the pool
-        const uint64_t row = uint64_t(h) * pool.page_size + t % pool.page_size;
+        const uint32_t page = table[t >> pool.page_shift];
+        if (page >= pool.pages) continue; // a corrupted table must not read outside the pool (the row
+                                          // then holds stale bytes: a corrupted table gives garbage, safely)
+        const uint64_t row = (uint64_t(h) << pool.page_shift) + (t & (pool.page_size - 1));
         const uint8_t *k_part = layer_base + uint64_t(page) * pool.block_bytes, *v_part = k_part + pool.k_bytes;
         uint8_t *k_row = stage + r * KRow::stride, *v_row = stage + tile_tokens * KRow::stride + r * VRow::stride;
         if (piece < k_pieces) cp_async(k_row + piece * 16, k_part + row * KRow::data + piece * 16, 16);
@@ -156,8 +157,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
       for (int j = 0; j < VEC; j++) dot += q[j] * k[j];
 #pragma unroll
       for (int o = BDX / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o, BDX);
-      const bool valid = t < c.token_end && table[t / pool.page_size] < pool.pages;
-      s[i] = valid ? dot : -INFINITY;
+      s[i] = t < c.token_end ? dot : -INFINITY;
       tile_max = fmaxf(tile_max, s[i]);
     }
     const float m_new = fmaxf(m, tile_max);

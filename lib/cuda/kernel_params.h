@@ -19,7 +19,8 @@ typedef struct PkvPool {
   uint64_t table;       /* uint32_t [max_sequences][table_stride] */
   uint64_t block_bytes; /* one (layer, page) block: K part then V part */
   uint64_t k_bytes;     /* the V part starts here */
-  uint32_t layers, kv_heads, head_dim, page_size, pages, table_stride, max_sequences, reserved;
+  uint32_t layers, kv_heads, head_dim, page_size, pages, table_stride, max_sequences;
+  uint32_t page_shift; /* log2(page_size): tokens to pages by shifts */
   PkvPlane k, v;
 } PkvPool;
 

@@ -1,0 +1,23 @@
+// What pkv-bench needs of a GPU beyond pagedkv's API, brought the way an engine brings it: a stream
+// of its own (handed to pkv_context_desc.stream), device buffers for q and out, and events that time
+// each call on that stream.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+class BenchDevice {
+ public:
+  virtual ~BenchDevice() = default;
+  virtual void *stream() = 0;
+  virtual void *alloc(size_t bytes) = 0; // freed with the device, or by release
+  virtual void release(void *ptr) = 0;
+  virtual void upload(void *dst, const void *src, size_t bytes) = 0;
+  virtual void start() = 0;      // records the start event on the stream
+  virtual double stop_us() = 0;  // records the end event, waits for it, returns the time between
+  virtual std::string name() = 0;
+};
+
+// The CUDA device `ordinal`, or nullptr (with *why) where the build or the machine has none.
+std::unique_ptr<BenchDevice> open_cuda_bench_device(int ordinal, std::string *why);
