@@ -1,0 +1,169 @@
+// Device pointers, as engines pass them: K/V rows written from device memory, rows read back into
+// it, q, out and lse in it. The results must be the same bits as the same calls with host pointers.
+// Skipped (visibly) unless the backend in use is CUDA; device memory comes from the CUDA driver
+// through the library's own loader sources, compiled into this test.
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <csetjmp>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "loader/cuda_driver.hpp"
+extern "C" {
+#include "poolutil.h"
+#include "testutil.h"
+}
+
+namespace {
+
+using namespace pkv::cu;
+
+void check(pkv_status st) {
+  if (st != PKV_OK) fail_msg("%s", pkv_last_error());
+}
+
+void check_cu(const Driver &cu, CUresult r, const char *what) {
+  if (r != CUDA_SUCCESS) fail_msg("%s: %s", what, cu.describe(r).c_str());
+}
+
+// Device buffers in the device's primary context, which the library's context shares.
+struct DeviceMemory {
+  const Driver &cu;
+  CUdevice device = 0;
+  CUcontext ctx = nullptr;
+  std::vector<CUdeviceptr> buffers;
+
+  explicit DeviceMemory(const Driver &d) : cu(d) {
+    check_cu(cu, cu.cuDeviceGet(&device, 0), "cuDeviceGet");
+    check_cu(cu, cu.cuDevicePrimaryCtxRetain(&ctx, device), "cuDevicePrimaryCtxRetain");
+    check_cu(cu, cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
+  }
+  ~DeviceMemory() {
+    for (CUdeviceptr p : buffers) cu.cuMemFree(p);
+    CUcontext popped;
+    cu.cuCtxPopCurrent(&popped);
+    cu.cuDevicePrimaryCtxRelease(device);
+  }
+  void *alloc(size_t bytes) {
+    CUdeviceptr p = 0;
+    check_cu(cu, cu.cuMemAlloc(&p, bytes), "cuMemAlloc");
+    buffers.push_back(p);
+    return reinterpret_cast<void *>(p);
+  }
+  void *upload(const void *src, size_t bytes) {
+    void *dst = alloc(bytes);
+    check_cu(cu, cu.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dst), src, bytes, nullptr), "cuMemcpyHtoDAsync");
+    check_cu(cu, cu.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+    return dst;
+  }
+  template <class T> std::vector<T> download(const void *src, size_t n) {
+    std::vector<T> out(n);
+    check_cu(cu, cu.cuMemcpyDtoHAsync(out.data(), reinterpret_cast<CUdeviceptr>(src), n * sizeof(T), nullptr),
+             "cuMemcpyDtoHAsync");
+    check_cu(cu, cu.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+    return out;
+  }
+};
+
+void device_pointers_match_host_pointers(void **) {
+  enum : uint32_t { KV = 2, Q = 8, D = 128, B = 3 };
+  tu_rng rng = tu_rng_make(tu_seed());
+  const pkv_pool_desc d = pu_desc(2, KV, D, 16, 64, B, PKV_FORMAT_Q8_0, PKV_FORMAT_F16);
+  pkv_context *ctx;
+  pkv_pool *host_pool, *dev_pool;
+  pu_open(&d, &ctx, &host_pool);
+  pkv_backend backend;
+  check(pkv_context_backend(ctx, &backend));
+  if (backend != PKV_BACKEND_CUDA) {
+    pu_close(ctx, host_pool);
+    skip();
+  }
+  check(pkv_pool_create(ctx, &d, &dev_pool));
+  std::string why;
+  const Driver *cu = pkv::cuda_driver(&why);
+  if (!cu) fail_msg("%s", why.c_str());
+  DeviceMemory mem(*cu);
+
+  const uint32_t len[B] = {1 + tu_below(&rng, 30), 100 + tu_below(&rng, 200), 0};
+  const size_t rows = len[0] + len[1];
+  std::vector<float> k(rows * KV * D), v(rows * KV * D), q(size_t(B) * Q * D);
+  for (float &x : k) x = float(tu_uniform(&rng, -2, 2));
+  for (float &x : v) x = float(tu_uniform(&rng, -2, 2));
+  for (float &x : q) x = float(tu_uniform(&rng, -2, 2));
+  pkv_seq hs[B], ds[B];
+  for (uint32_t b = 0; b < B; b++) {
+    check(pkv_seq_alloc(host_pool, &hs[b]));
+    check(pkv_seq_alloc(dev_pool, &ds[b]));
+  }
+  check(pkv_append(host_pool, hs, len, B));
+  check(pkv_append(dev_pool, ds, len, B));
+
+  pkv_write_args w = PKV_WRITE_ARGS_INIT;
+  w.layer = 1;
+  w.n_tokens = len;
+  w.count = B;
+  w.seqs = hs;
+  w.k = k.data();
+  w.v = v.data();
+  check(pkv_write(host_pool, &w));
+  w.seqs = ds;
+  w.memory = PKV_MEMORY_DEVICE;
+  w.k = mem.upload(k.data(), k.size() * 4);
+  w.v = mem.upload(v.data(), v.size() * 4);
+  check(pkv_write(dev_pool, &w));
+
+  // Rows read back into device memory equal rows read into host memory.
+  std::vector<float> host_k(size_t(len[1]) * KV * D);
+  check(pu_read(host_pool, 1, hs[1], 0, len[1], PKV_FORMAT_F32, host_k.data(), nullptr));
+  pkv_read_args r = PKV_READ_ARGS_INIT;
+  r.layer = 1;
+  r.seq = ds[1];
+  r.count = len[1];
+  r.memory = PKV_MEMORY_DEVICE;
+  r.k = mem.alloc(host_k.size() * 4);
+  check(pkv_read(dev_pool, &r));
+  if (std::memcmp(mem.download<float>(r.k, host_k.size()).data(), host_k.data(), host_k.size() * 4) != 0)
+    fail_msg("rows read into device memory differ from rows read into host memory");
+
+  // Decode with host pointers, then with device pointers: the same bits.
+  std::vector<float> out(q.size(), NAN), lse(size_t(B) * Q, NAN);
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.layer = 1;
+  a.seqs = hs;
+  a.count = B;
+  a.q_heads = Q;
+  a.q = q.data();
+  a.out = out.data();
+  a.lse = lse.data();
+  check(pkv_decode(host_pool, &a));
+  a.seqs = ds;
+  a.memory = PKV_MEMORY_DEVICE;
+  a.q = mem.upload(q.data(), q.size() * 4);
+  std::vector<float> poison(q.size(), NAN);
+  a.out = mem.upload(poison.data(), poison.size() * 4);
+  a.lse = static_cast<float *>(mem.upload(poison.data(), lse.size() * 4));
+  check(pkv_decode(dev_pool, &a));
+  check(pkv_context_synchronize(ctx));
+  if (std::memcmp(mem.download<float>(a.out, out.size()).data(), out.data(), out.size() * 4) != 0 ||
+      std::memcmp(mem.download<float>(a.lse, lse.size()).data(), lse.data(), lse.size() * 4) != 0)
+    fail_msg("decode with device pointers differs from decode with host pointers");
+  for (float x : out)
+    if (std::isnan(x)) fail_msg("an output was not written");
+
+  check(pkv_pool_destroy(dev_pool));
+  pu_close(ctx, host_pool);
+}
+
+} // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(device_pointers_match_host_pointers)};
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
