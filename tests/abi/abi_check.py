@@ -14,6 +14,8 @@
                                              -pedantic, C11 and C++17 (CC, CXX: ';'-joined commands)
   abi_check.py dll OBJDUMP DLL SYMBOLS       pagedkv.dll exports SYMBOLS' names, imports system DLLs only
   abi_check.py static-win OBJDUMP ARCHIVE    the Windows static library carries no dllexport
+  abi_check.py no-vendor READELF NM LIB      LIB links no GPU runtime: no libcuda/libcudart/libamdhip
+                                             among its NEEDED libraries, no cu*/cuda*/hip* symbol
 
 Exit status: 0 pass, 1 fail, 77 skip (meson's convention), with the reason on stdout.
 """
@@ -255,11 +257,23 @@ def check_static_windows(objdump, archive):
     print(f"{archive}: no dllexport directives")
 
 
+def check_no_vendor(readelf, nm, lib):
+    """GPU runtimes are opened at run time (docs/cuda.md), never linked: a stray -lcuda would link
+    the toolkit's stub silently."""
+    needed = re.findall(r"\(NEEDED\).*\[(.*)\]", run([readelf, "-d", lib], check=True).stdout)
+    vendor = [n for n in needed if re.match(r"lib(cuda|cudart|nvrtc|amdhip|hiprtc)", n)]
+    undefined = run([nm, "-D", "--undefined-only", lib], check=True).stdout.split()
+    symbols = [n for n in undefined if re.match(r"(cu[A-Z]|cuda|hip[A-Z])", n)]
+    if vendor or symbols:
+        fail(f"{lib} links a GPU runtime: NEEDED {vendor}, undefined {symbols}")
+    print(f"{lib}: NEEDED {needed}; no GPU runtime linked")
+
+
 def main(argv):
     command, args = argv[1], argv[2:]
     commands = {"symbols": check_symbols, "write-symbols": write_symbols, "dump": dump, "abidiff": check_abidiff, "static": check_static,
                 "table": check_table, "header": check_header, "dll": check_dll,
-                "static-win": check_static_windows}
+                "static-win": check_static_windows, "no-vendor": check_no_vendor}
     commands[command](*args)
 
 
