@@ -281,7 +281,9 @@ PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args);
  * For each sequence b < count and query head h < q_heads:
  *   out[b][t][h] = softmax(scale * q[b][t][h] . K^T) V over the sequence's tokens, where K and V are
  *   those of KV head h / (q_heads / kv_heads) (grouped-query attention).
- * An empty sequence gives out = 0 and lse = -infinity.
+ * With q_tokens = T > 1 (speculative verification), query token t of a sequence of length L attends
+ * positions [0, L - T + t]: the cached context and the new tokens up to itself. An empty sequence
+ * gives out = 0 and lse = -infinity; any other must hold at least q_tokens tokens.
  * ------------------------------------------------------------------------------------------------- */
 typedef struct pkv_decode_args {
   uint32_t struct_size;
@@ -289,7 +291,8 @@ typedef struct pkv_decode_args {
   const pkv_seq *seqs;
   uint32_t count;       /* batch size */
   uint32_t q_heads;     /* a multiple of the pool's kv_heads */
-  uint32_t q_tokens;    /* query tokens per sequence; 1 in this version */
+  uint32_t q_tokens;    /* query tokens per sequence, 1..8: the newest q_tokens positions, already
+                           appended and written; token i sees the context up to and including itself */
   float scale;          /* softmax scale; 0 selects 1/sqrt(head_dim) */
   pkv_format q_format;  /* F32, F16 or BF16 */
   pkv_format out_format;/* F32, F16 or BF16 */

@@ -49,10 +49,11 @@ struct GatherArgs : RowTransfer {
   void *k, *v; // either may be null
 };
 
-// One layer's attention for a batch; sequence b's pages are the page-table row seq_slots[b].
+// One layer's attention for a batch; sequence b's pages are the page-table row seq_slots[b]. Query
+// token t of q_tokens attends positions [0, length - q_tokens + t].
 struct DecodeBatch {
   TableUpdates table;
-  uint32_t layer, count, q_heads;
+  uint32_t layer, count, q_heads, q_tokens;
   float scale;
   pkv_format q_format, out_format;
   pkv_memory memory;

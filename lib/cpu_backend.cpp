@@ -33,30 +33,33 @@ float dot(const float *a, const float *b, uint32_t n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-// One chunk of one sequence for the query heads of one KV head: online softmax over blocks of
-// tokens, giving the chunk's normalised output and its log-sum-exp per query head.
+// One chunk of one sequence for the query rows of one KV head (every query token times every head
+// of the group): online softmax over blocks of tokens, giving the chunk's normalised output and its
+// log-sum-exp per row. Query token q sees positions below length - q_tokens + q + 1.
 struct ChunkTask {
   const PoolGeometry *g;
   const DecodeBatch *b;
   const DecodeChunk *chunk;
   uint32_t kv_head;
-  float *out; // [group][head_dim]
-  float *lse; // [group]
+  float *out; // [q_tokens * group][head_dim]
+  float *lse; // [q_tokens * group]
 };
 
 void attend_chunk(const ChunkTask &t) {
   const PoolGeometry &g = *t.g;
   const DecodeBatch &b = *t.b;
-  const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq;
-  std::vector<float> q(size_t(group) * D), acc(size_t(group) * D, 0.0f);
+  const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq, rows = b.q_tokens * group;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> q(size_t(rows) * D), acc(size_t(rows) * D, 0.0f);
   std::vector<float> keys(size_t(kTokenBlock) * D), values(size_t(kTokenBlock) * D);
-  std::vector<float> m(group, -std::numeric_limits<float>::infinity()), l(group, 0.0f);
-  std::vector<float> scores(size_t(group) * kTokenBlock);
+  std::vector<float> m(rows, neg_inf), l(rows, 0.0f), scores(kTokenBlock);
 
   const size_t q_elem = io_elem_bytes(b.q_format);
-  const auto *q_base = static_cast<const uint8_t *>(b.q) +
-                       (size_t(s) * b.q_heads + size_t(t.kv_head) * group) * D * q_elem;
-  load_io(b.q_format, q_base, size_t(group) * D, q.data());
+  for (uint32_t tok = 0; tok < b.q_tokens; tok++) {
+    const size_t first = (size_t(s) * b.q_tokens + tok) * b.q_heads + size_t(t.kv_head) * group;
+    load_io(b.q_format, static_cast<const uint8_t *>(b.q) + first * D * q_elem, size_t(group) * D,
+            &q[size_t(tok) * group * D]);
+  }
 
   const uint32_t *pages = reinterpret_cast<const uint32_t *>(host(g.table)) + size_t(b.seq_slots[s]) * g.table_stride;
   for (uint32_t t0 = t.chunk->token_begin; t0 < t.chunk->token_end; t0 += kTokenBlock) {
@@ -66,31 +69,33 @@ void attend_chunk(const ChunkTask &t) {
       decode_row(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
       decode_row(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
     }
-    for (uint32_t h = 0; h < group; h++) {
-      float *sc = &scores[size_t(h) * kTokenBlock];
-      float block_max = -std::numeric_limits<float>::infinity();
+    for (uint32_t r = 0; r < rows; r++) {
+      const uint32_t visible = b.lengths[s] - b.q_tokens + r / group + 1; // positions this row sees
+      float block_max = neg_inf;
       for (uint32_t i = 0; i < n; i++) {
-        sc[i] = b.scale * dot(&q[size_t(h) * D], &keys[size_t(i) * D], D);
-        block_max = std::max(block_max, sc[i]);
+        scores[i] = t0 + i < visible ? b.scale * dot(&q[size_t(r) * D], &keys[size_t(i) * D], D) : neg_inf;
+        block_max = std::max(block_max, scores[i]);
       }
-      const float m_new = std::max(m[h], block_max);
-      const float correction = std::exp(m[h] - m_new); // 0 on the first block (m = -inf)
-      float *a = &acc[size_t(h) * D];
+      if (block_max == neg_inf) continue; // nothing visible in this block
+      const float m_new = std::max(m[r], block_max);
+      const float correction = std::exp(m[r] - m_new); // 0 on the first visible block (m = -inf)
+      float *a = &acc[size_t(r) * D];
       for (uint32_t d = 0; d < D; d++) a[d] *= correction;
-      l[h] *= correction;
+      l[r] *= correction;
       for (uint32_t i = 0; i < n; i++) {
-        const float p = std::exp(sc[i] - m_new);
-        l[h] += p;
+        if (scores[i] == neg_inf) continue;
+        const float p = std::exp(scores[i] - m_new);
+        l[r] += p;
         const float *v = &values[size_t(i) * D];
         for (uint32_t d = 0; d < D; d++) a[d] += p * v[d];
       }
-      m[h] = m_new;
+      m[r] = m_new;
     }
   }
-  for (uint32_t h = 0; h < group; h++) {
-    const float inv = 1.0f / l[h];
-    for (uint32_t d = 0; d < D; d++) t.out[size_t(h) * D + d] = acc[size_t(h) * D + d] * inv;
-    t.lse[h] = m[h] + std::log(l[h]);
+  for (uint32_t r = 0; r < rows; r++) {
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    for (uint32_t d = 0; d < D; d++) t.out[size_t(r) * D + d] = acc[size_t(r) * D + d] * inv;
+    t.lse[r] = l[r] > 0.0f ? m[r] + std::log(l[r]) : neg_inf;
   }
 }
 
@@ -161,12 +166,12 @@ class CpuBackend final : public Backend {
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {
     apply(g, b.table);
     const DecodePlan &plan = *b.plan;
-    const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads;
+    const uint32_t D = g.head_dim, rows = b.q_tokens * (b.q_heads / g.kv_heads);
     const size_t items = plan.chunks.size() * g.kv_heads;
-    std::vector<float> part_out(items * group * D), part_lse(items * group);
+    std::vector<float> part_out(items * rows * D), part_lse(items * rows);
     workers_.run(uint32_t(items), [&](uint32_t item) {
       ChunkTask t{&g, &b, &plan.chunks[item / g.kv_heads], item % g.kv_heads,
-                  &part_out[size_t(item) * group * D], &part_lse[size_t(item) * group]};
+                  &part_out[size_t(item) * rows * D], &part_lse[size_t(item) * rows]};
       attend_chunk(t);
     });
     workers_.run(b.count, [&](uint32_t s) { merge(g, b, part_out, part_lse, s); });
@@ -216,33 +221,35 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // Combines sequence s's chunk partials through their log-sum-exp and writes out and lse.
+  // Combines sequence s's chunk partials through their log-sum-exp and writes out and lse. A chunk
+  // a row sees nothing of has lse -inf and weighs nothing.
   static void merge(const PoolGeometry &g, const DecodeBatch &b, const std::vector<float> &part_out,
                     const std::vector<float> &part_lse, uint32_t s) {
-    const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads;
+    const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, rows = b.q_tokens * group;
     const uint32_t c0 = b.plan->seq_chunks[s], c1 = b.plan->seq_chunks[s + 1];
     const size_t out_elem = io_elem_bytes(b.out_format);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
     std::vector<float> row(D);
-    for (uint32_t qh = 0; qh < b.q_heads; qh++) {
-      const uint32_t h = qh / group, gi = qh % group;
-      float lse = -std::numeric_limits<float>::infinity();
-      std::fill(row.begin(), row.end(), 0.0f);
-      if (c1 > c0) {
-        auto lse_of = [&](uint32_t c) { return part_lse[(size_t(c) * g.kv_heads + h) * group + gi]; };
-        float top = lse_of(c0);
-        for (uint32_t c = c0 + 1; c < c1; c++) top = std::max(top, lse_of(c));
+    for (uint32_t tok = 0; tok < b.q_tokens; tok++) {
+      for (uint32_t qh = 0; qh < b.q_heads; qh++) {
+        const uint32_t h = qh / group, r = tok * group + qh % group;
+        auto part = [&](uint32_t c) { return (size_t(c) * g.kv_heads + h) * rows + r; };
+        float top = neg_inf;
+        for (uint32_t c = c0; c < c1; c++) top = std::max(top, part_lse[part(c)]);
         float sum = 0.0f;
-        for (uint32_t c = c0; c < c1; c++) {
-          const float w = std::exp(lse_of(c) - top);
-          const float *o = &part_out[((size_t(c) * g.kv_heads + h) * group + gi) * D];
+        std::fill(row.begin(), row.end(), 0.0f);
+        for (uint32_t c = c0; c < c1 && top != neg_inf; c++) {
+          const float w = std::exp(part_lse[part(c)] - top);
+          const float *o = &part_out[part(c) * D];
           for (uint32_t d = 0; d < D; d++) row[d] += w * o[d];
           sum += w;
         }
-        for (uint32_t d = 0; d < D; d++) row[d] /= sum;
-        lse = top + std::log(sum);
+        if (sum > 0.0f)
+          for (uint32_t d = 0; d < D; d++) row[d] /= sum;
+        const size_t at = (size_t(s) * b.q_tokens + tok) * b.q_heads + qh;
+        store_io(b.out_format, row.data(), D, static_cast<uint8_t *>(b.out) + at * D * out_elem);
+        if (b.lse) b.lse[at] = sum > 0.0f ? top + std::log(sum) : neg_inf;
       }
-      store_io(b.out_format, row.data(), D, static_cast<uint8_t *>(b.out) + (size_t(s) * b.q_heads + qh) * D * out_elem);
-      if (b.lse) b.lse[size_t(s) * b.q_heads + qh] = lse;
     }
   }
 

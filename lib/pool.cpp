@@ -43,6 +43,9 @@ void check_memory(pkv_memory m) {
     fail(PKV_ERR_INVALID_ARGUMENT, "memory is %d: expected PKV_MEMORY_HOST or PKV_MEMORY_DEVICE", int(m));
 }
 
+// Speculative verification checks a handful of draft tokens at once.
+constexpr uint32_t kMaxQueryTokens = 8;
+
 void check_pointer(const void *p, const char *what) {
   if (!p) fail(PKV_ERR_INVALID_ARGUMENT, "%s is NULL", what);
 }
@@ -300,9 +303,9 @@ void pkv_pool::decode(const pkv_decode_args &a) {
   if (a.q_heads == 0 || a.q_heads % geometry_.kv_heads != 0)
     fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", a.q_heads,
          geometry_.kv_heads);
-  if (a.q_tokens == 0) fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is 0: expected at least 1 query token per sequence");
-  if (a.q_tokens > 1)
-    fail(PKV_ERR_UNSUPPORTED, "q_tokens %u: this version decodes 1 query token per sequence", a.q_tokens);
+  if (a.q_tokens == 0 || a.q_tokens > kMaxQueryTokens)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is %u: expected 1 to %u query tokens per sequence", a.q_tokens,
+         kMaxQueryTokens);
   if (!(a.scale >= 0.0f) || std::isinf(a.scale))
     fail(PKV_ERR_INVALID_ARGUMENT, "scale %g is not a finite value >= 0 (0 selects 1/sqrt(head_dim))", double(a.scale));
   check_io_format(a.q_format, "q_format");
@@ -316,7 +319,12 @@ void pkv_pool::decode(const pkv_decode_args &a) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
   std::vector<uint32_t> lengths(a.count);
-  for (uint32_t i = 0; i < a.count; i++) lengths[i] = seqs_[slots[i]].length;
+  for (uint32_t i = 0; i < a.count; i++) {
+    lengths[i] = seqs_[slots[i]].length;
+    if (lengths[i] != 0 && lengths[i] < a.q_tokens)
+      fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u] holds %u tokens, fewer than q_tokens %u: append and write the query "
+           "tokens first", i, lengths[i], a.q_tokens);
+  }
   const pkv::DecodePlan plan = pkv::make_plan(
       {lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, ctx_->backend->workers()});
 
@@ -325,6 +333,7 @@ void pkv_pool::decode(const pkv_decode_args &a) {
   batch.layer = a.layer;
   batch.count = a.count;
   batch.q_heads = a.q_heads;
+  batch.q_tokens = a.q_tokens;
   batch.scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(float(geometry_.head_dim));
   batch.q_format = a.q_format;
   batch.out_format = a.out_format;

@@ -521,7 +521,8 @@ DECODE(decode_other_pool, pkv_seq s[3] = {f->a, f->b, f->other}; a.seqs = s)
 DECODE(decode_q_heads_0, a.q_heads = 0)
 DECODE(decode_q_heads_1, a.q_heads = 1) /* fewer than kv_heads (2) */
 DECODE(decode_q_heads_3, a.q_heads = 3)
-DECODE(decode_q_tokens_2, a.q_tokens = 2)
+DECODE(decode_q_tokens_9, a.q_tokens = 9)
+DECODE(decode_q_tokens_past_length, a.q_tokens = 4) /* b holds 3 tokens */
 DECODE(decode_q_tokens_0, a.q_tokens = 0)
 DECODE(decode_scale_negative, a.scale = -0.125f)
 DECODE(decode_scale_nan, a.scale = NAN)
@@ -716,9 +717,9 @@ static const bad_case cases[] = {
     BAD(decode_q_heads_0, INVALID),
     BAD(decode_q_heads_1, INVALID),
     BAD(decode_q_heads_3, INVALID),
-    BAD(decode_q_tokens_2, PKV_ERR_UNSUPPORTED),
-    /* 0 query tokens: unsupported like any count but 1, or simply out of range */
-    BAD2(decode_q_tokens_0, PKV_ERR_UNSUPPORTED, INVALID),
+    BAD(decode_q_tokens_9, INVALID),
+    BAD(decode_q_tokens_past_length, INVALID),
+    BAD(decode_q_tokens_0, INVALID),
     BAD(decode_scale_negative, INVALID),
     BAD(decode_scale_nan, INVALID),
     BAD(decode_scale_inf, INVALID),

@@ -123,6 +123,7 @@ typedef struct shape {
 typedef struct model {
   shape s;
   uint32_t layers, n, row, q_heads; /* row: values per token and layer (kv_heads * head_dim) */
+  uint32_t qt;                      /* query tokens per sequence (1, or more for speculative verification) */
   tu_rng rng;
   pkv_context *ctx;
   pkv_pool *pool;
@@ -140,6 +141,7 @@ static void model_open(model *m, const shape *s, uint32_t layers, uint32_t n, co
   m->n = n;
   m->row = s->kv_heads * s->head_dim;
   m->q_heads = s->kv_heads * s->group;
+  m->qt = 1;
   m->rng = rng;
 
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
@@ -279,7 +281,9 @@ static void check_lengths(model *m) {
   }
 }
 
-static size_t q_values(const model *m) { return (size_t)m->n * m->q_heads * m->s.head_dim; }
+/* Query rows of the batch: one per (sequence, query token, head). */
+static size_t q_rows(const model *m) { return (size_t)m->n * m->qt * m->q_heads; }
+static size_t q_values(const model *m) { return q_rows(m) * m->s.head_dim; }
 
 /* Random q with a spread (|q| <= 2) that makes the softmax neither flat nor one-hot at the default
  * scale. */
@@ -293,14 +297,14 @@ static void model_decode(model *m, uint32_t layer, uint32_t chunk_pages, const v
                          float *lse) {
   for (size_t i = 0; i < q_values(m); i++) tu_store(m->s.out, out, i, NAN);
   if (lse)
-    for (size_t i = 0; i < (size_t)m->n * m->q_heads; i++) lse[i] = NAN;
+    for (size_t i = 0; i < q_rows(m); i++) lse[i] = NAN;
 
   pkv_decode_args a = PKV_DECODE_ARGS_INIT;
   a.layer = layer;
   a.seqs = m->seq;
   a.count = m->n;
   a.q_heads = m->q_heads;
-  a.q_tokens = 1;
+  a.q_tokens = m->qt;
   a.scale = m->s.scale;
   a.q_format = m->s.q;
   a.out_format = m->s.out;
@@ -314,7 +318,7 @@ static void model_decode(model *m, uint32_t layer, uint32_t chunk_pages, const v
     if (isnan(tu_load(m->s.out, out, i)))
       fail_msg("layer %u chunk_pages %u: out[%zu] was not written", layer, chunk_pages, i);
   if (lse)
-    for (size_t i = 0; i < (size_t)m->n * m->q_heads; i++)
+    for (size_t i = 0; i < q_rows(m); i++)
       if (isnan(lse[i])) fail_msg("layer %u chunk_pages %u: lse[%zu] was not written", layer, chunk_pages, i);
 }
 
@@ -334,10 +338,11 @@ static void check_oracle(const model *m, uint32_t layer, const void *q, const vo
   double *logit = xmalloc(longest * sizeof *logit), *qd = xmalloc(hd * sizeof *qd),
          *ref = xmalloc(hd * sizeof *ref);
 
-  for (uint32_t b = 0; b < m->n; b++) {
-    const uint32_t len = m->len[b];
+  for (uint32_t bt = 0; bt < m->n * m->qt; bt++) {
+    /* query token tok of sequence b sees positions [0, length - qt + tok] */
+    const uint32_t b = bt / m->qt, tok = bt % m->qt, len = m->len[b] ? m->len[b] - m->qt + tok + 1 : 0;
     for (uint32_t h = 0; h < m->q_heads; h++) {
-      const size_t o = ((size_t)b * m->q_heads + h) * hd, li = (size_t)b * m->q_heads + h;
+      const size_t li = (size_t)bt * m->q_heads + h, o = li * hd;
       if (len == 0) { /* exactly 0 and -inf, never NaN */
         for (uint32_t d = 0; d < hd; d++)
           if (tu_load(m->s.out, out, o + d) != 0.0f)
@@ -453,6 +458,16 @@ static const shape split[] = {
 };
 static const uint32_t chunks[] = {UINT32_MAX, 0, 1, 2, 3}; /* the first is the reference */
 
+/* Speculative verification: 2, 4 or 8 query tokens per sequence (by row), each seeing the context up
+ * to itself, split and unsplit. */
+static const shape spec[] = {
+    {F16, F16, 128, 2, 4, 16, F16, F32, F32, 0.0f},
+    {BF16, BF16, 256, 1, 6, 16, BF16, BF16, F32, 0.0f},
+    {Q8_0, Q4_0, 64, 2, 8, 8, F32, F16, F16, 0.2f},
+    {F32, Q8_0, 128, 1, 1, 64, F32, F32, F32, 0.0f},
+};
+static const uint32_t spec_tokens[] = {2, 4, 8};
+
 /* The engine loop. */
 static const shape interleave[] = {
     {F16, F16, 128, 2, 4, 16, F16, F16, F16, 0.0f},
@@ -495,7 +510,7 @@ static void check_agree(const model *m, uint32_t chunk, const void *ref, const f
                         const float *lse) {
   const uint32_t hd = m->s.head_dim;
   const double tol = split_out_tol(m->s.out);
-  for (size_t sh = 0; sh < (size_t)m->n * m->q_heads; sh++) {
+  for (size_t sh = 0; sh < q_rows(m); sh++) {
     double d2 = 0.0, r2 = 0.0;
     for (uint32_t d = 0; d < hd; d++) {
       double a = tu_load(m->s.out, ref, sh * hd + d), b = tu_load(m->s.out, out, sh * hd + d);
@@ -503,10 +518,10 @@ static void check_agree(const model *m, uint32_t chunk, const void *ref, const f
       r2 += a * a;
     }
     if (r2 > 0.0 && sqrt(d2 / r2) > tol)
-      fail_msg("chunk_pages %u: seq %zu head %zu differs from the unsplit decode by %.3g > %.3g", chunk,
+      fail_msg("chunk_pages %u: query row %zu head %zu differs from the unsplit decode by %.3g > %.3g", chunk,
                sh / m->q_heads, sh % m->q_heads, sqrt(d2 / r2), tol);
     if (!isinf(ref_lse[sh]) && fabs((double)lse[sh] - ref_lse[sh]) > SPLIT_LSE_TOL)
-      fail_msg("chunk_pages %u: seq %zu head %zu lse %.9g, unsplit %.9g", chunk, sh / m->q_heads,
+      fail_msg("chunk_pages %u: query row %zu head %zu lse %.9g, unsplit %.9g", chunk, sh / m->q_heads,
                sh % m->q_heads, (double)lse[sh], (double)ref_lse[sh]);
   }
 }
@@ -531,6 +546,38 @@ static void split_case(void **state) {
     check_oracle(&m, 1, q, c ? out : ref, c ? lse : ref_lse, c ? "split" : "unsplit", &w);
     if (c) check_agree(&m, chunks[c], ref, ref_lse, out, lse);
   }
+  report(&m, &w);
+  free(q);
+  free(ref);
+  free(out);
+  free(ref_lse);
+  free(lse);
+  model_close(&m);
+}
+
+static void spec_case(void **state) {
+  const shape *s = *state;
+  const uint32_t row = (uint32_t)(s - spec), qt = spec_tokens[row % COUNT(spec_tokens)];
+  tu_rng r = case_rng(3000 + row);
+  uint32_t len[5] = {0, qt, qt + s->page_size + 1, 200 + tu_below(&r, 200), 2000 + tu_below(&r, 1000)};
+  shuffle(&r, len, 5);
+  model m;
+  model_open(&m, s, 2, 5, len, r);
+  m.qt = qt;
+  grow_to(&m, len);
+  check_lengths(&m);
+
+  const size_t n_out = q_values(&m) * 4, n_lse = q_rows(&m) * sizeof(float);
+  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out);
+  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse);
+  worst w = {0, 0};
+  random_q(&m, q);
+  for (size_t c = 0; c < COUNT(chunks); c++) {
+    model_decode(&m, 1, chunks[c], q, c ? out : ref, c ? lse : ref_lse);
+    check_oracle(&m, 1, q, c ? out : ref, c ? lse : ref_lse, c ? "spec split" : "spec unsplit", &w);
+    if (c) check_agree(&m, chunks[c], ref, ref_lse, out, lse);
+  }
+  print_message("    %u query tokens\n", qt);
   report(&m, &w);
   free(q);
   free(ref);
@@ -602,10 +649,11 @@ static void add_tests(struct CMUnitTest *t, size_t *n, const char *kind, const s
 
 int main(void) {
   g_seed = tu_seed();
-  struct CMUnitTest tests[COUNT(matrix) + COUNT(split) + COUNT(interleave)];
+  struct CMUnitTest tests[COUNT(matrix) + COUNT(split) + COUNT(spec) + COUNT(interleave)];
   size_t n = 0;
   add_tests(tests, &n, "matrix", matrix, COUNT(matrix), matrix_case);
   add_tests(tests, &n, "split", split, COUNT(split), split_case);
+  add_tests(tests, &n, "spec", spec, COUNT(spec), spec_case);
   add_tests(tests, &n, "interleave", interleave, COUNT(interleave), interleave_case);
   /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
   const char *filter = getenv("PKV_TEST_FILTER");

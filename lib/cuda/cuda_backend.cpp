@@ -203,7 +203,7 @@ class CudaBackend final : public Backend {
     Current current(*this);
     const DecodePlan &plan = *b.plan;
     const uint64_t n_chunks = plan.chunks.size();
-    const uint64_t heads = uint64_t(b.count) * b.q_heads;
+    const uint64_t heads = uint64_t(b.count) * b.q_tokens * b.q_heads; // query rows
     const uint64_t q_bytes = heads * g.head_dim * io_elem_bytes(b.q_format);
     const uint64_t out_bytes = heads * g.head_dim * io_elem_bytes(b.out_format);
     const bool host = b.memory == PKV_MEMORY_HOST;
@@ -211,19 +211,22 @@ class CudaBackend final : public Backend {
     Upload up;
     const uint64_t table_at = up.add(b.table.entries, uint64_t(b.table.count) * sizeof(TableEntry));
     const uint64_t slots_at = up.add(b.seq_slots, uint64_t(b.count) * 4);
+    const uint64_t lengths_at = up.add(b.lengths, uint64_t(b.count) * 4);
     const uint64_t chunks_at = up.add(plan.chunks.data(), n_chunks * sizeof(DecodeChunk));
     const uint64_t seq_chunks_at = up.add(plan.seq_chunks.data(), plan.seq_chunks.size() * 4);
     const uint64_t q_at = host ? up.add(b.q, q_bytes) : 0;
     const DevPtr dev = send(up);
     apply_table(g, b.table, dev + table_at);
 
-    ensure(&part_out_, std::max<uint64_t>(1, n_chunks * b.q_heads * g.head_dim * 4));
-    ensure(&part_lse_, std::max<uint64_t>(1, n_chunks * b.q_heads * 4));
+    const uint64_t part_rows = n_chunks * b.q_tokens * b.q_heads;
+    ensure(&part_out_, std::max<uint64_t>(1, part_rows * g.head_dim * 4));
+    ensure(&part_lse_, std::max<uint64_t>(1, part_rows * 4));
     if (host) ensure(&decode_out_, align16(out_bytes) + heads * 4);
 
     PkvDecodeParams p{};
     p.pool = pool_params(g);
     p.seq_slots = dev + slots_at;
+    p.lengths = dev + lengths_at;
     p.chunks = dev + chunks_at;
     p.seq_chunks = dev + seq_chunks_at;
     p.q = host ? dev + q_at : DevPtr(uintptr_t(b.q));
@@ -234,25 +237,26 @@ class CudaBackend final : public Backend {
     p.layer = b.layer;
     p.count = b.count;
     p.q_heads = b.q_heads;
+    p.q_tokens = b.q_tokens;
     p.n_chunks = uint32_t(n_chunks);
     p.q_format = uint32_t(b.q_format);
     p.out_format = uint32_t(b.out_format);
     p.scale = b.scale;
 
-    const uint32_t group = b.q_heads / g.kv_heads;
+    const uint32_t rows = b.q_tokens * (b.q_heads / g.kv_heads); // query rows one KV head serves
     if (n_chunks) {
-      const FastKernel fast = fast_kernel(g, group);
+      const FastKernel fast = fast_kernel(g, rows);
       if (fast.fn)
-        launch(fast.fn, unsigned(n_chunks), g.kv_heads, (group + fast.bdy - 1) / fast.bdy, &p, g.head_dim / 8, fast.bdy,
+        launch(fast.fn, unsigned(n_chunks), g.kv_heads, (rows + fast.bdy - 1) / fast.bdy, &p, g.head_dim / 8, fast.bdy,
                fast.bdz, fast.shared_bytes);
       else
         launch(partial_[g.head_dim / 32 - 1], unsigned(n_chunks), g.kv_heads,
-               (group + PKV_HEAD_TILE - 1) / PKV_HEAD_TILE, &p, PKV_DECODE_WARPS * 32);
+               (rows + PKV_HEAD_TILE - 1) / PKV_HEAD_TILE, &p, PKV_DECODE_WARPS * 32);
     }
     // Sequences with one chunk were written by the partial kernel; the rest (split or empty) merge.
     bool merge = false;
     for (uint32_t s = 0; s < b.count && !merge; s++) merge = plan.seq_chunks[s + 1] - plan.seq_chunks[s] != 1;
-    if (merge) launch(merge_, b.count, b.q_heads, 1, &p, std::min(256u, g.head_dim));
+    if (merge) launch(merge_, b.count * b.q_tokens, b.q_heads, 1, &p, std::min(256u, g.head_dim));
     if (host) {
       check(cu_.cuMemcpyDtoHAsync(b.out, p.out, out_bytes, stream_), "cuMemcpyDtoHAsync");
       if (b.lse) check(cu_.cuMemcpyDtoHAsync(b.lse, p.lse, heads * 4, stream_), "cuMemcpyDtoHAsync");
@@ -353,7 +357,7 @@ class CudaBackend final : public Backend {
     unsigned bdy = 0, bdz = 0, shared_bytes = 0;
   };
 
-  FastKernel fast_kernel(const PoolGeometry &g, uint32_t group) {
+  FastKernel fast_kernel(const PoolGeometry &g, uint32_t rows) {
     auto fast_format = [](pkv_format f) { return f != PKV_FORMAT_F32; };
     const uint32_t D = g.head_dim;
     if (!use_fast_ || (D != 64 && D != 128 && D != 256) || !fast_format(g.k.format) || !fast_format(g.v.format))
@@ -367,7 +371,7 @@ class CudaBackend final : public Backend {
     const unsigned bdx = D / 8, row_bytes = stride(g.k) + stride(g.v), max_threads = PKV_FAST_MAX_THREADS;
     FastKernel k;
     k.fn = fn;
-    k.bdy = std::min(group, max_threads / bdx);
+    k.bdy = std::min(rows, max_threads / bdx);
     k.bdz = 1;
     while ((bdx * k.bdy * k.bdz) % 32 != 0) k.bdz *= 2; // whole warps: the row reductions shuffle
     while (bdx * k.bdy * k.bdz > max_threads) {         // an odd group too large for that: fewer heads

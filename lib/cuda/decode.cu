@@ -26,19 +26,25 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
 
   const PkvPool &pool = p.pool;
   const PkvChunk c = reinterpret_cast<const PkvChunk *>(p.chunks)[blockIdx.x];
-  const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads, g0 = blockIdx.z * T;
-  const uint32_t gt = min(uint32_t(T), group - g0);
+  // The block's rows: query (token, head of the group) pairs g0 .. g0 + gt of q_tokens * group.
+  const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group, g0 = blockIdx.z * T;
+  const uint32_t gt = min(uint32_t(T), rows - g0);
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const uint32_t length = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq];
 
   float q[T][NV], acc[T][NV], m[T], l[T];
+  uint32_t visible[T]; // positions below this are the row's context
 #pragma unroll
   for (int g = 0; g < T; g++) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
+    const uint32_t tok = (g0 + g) / group;
+    visible[g] = length - p.q_tokens + tok + 1;
+    const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
 #pragma unroll
     for (int j = 0; j < NV; j++) {
       acc[g][j] = 0.0f;
-      const uint64_t qi = (uint64_t(c.seq) * p.q_heads + h * group + g0 + g) * D + lane + 32 * j;
+      const uint64_t qi = head * D + lane + 32 * j;
       q[g][j] = g < gt ? load_io(p.q_format, reinterpret_cast<const void *>(p.q), qi) * p.scale : 0.0f;
     }
   }
@@ -58,6 +64,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
 #pragma unroll
     for (int g = 0; g < T; g++) {
       if (g >= gt) break;
+      if (t >= visible[g]) continue;
       float s = 0.0f;
 #pragma unroll
       for (int j = 0; j < NV; j++) s += q[g][j] * kv[j];
@@ -95,12 +102,13 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
       o += weight * sm_acc[w][g][d];
     }
     const float value = sum > 0.0f ? o / sum : 0.0f, lse = sum > 0.0f ? top + logf(sum) : -INFINITY;
+    const uint32_t tok = (g0 + g) / group;
+    const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
     if (single) { // the sequence's only chunk: this is the result
-      const uint64_t head = uint64_t(c.seq) * p.q_heads + h * group + g0 + g;
       store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, value);
       if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
     } else {
-      const uint64_t part = uint64_t(blockIdx.x) * p.q_heads + h * group + g0 + g;
+      const uint64_t part = (uint64_t(blockIdx.x) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
       reinterpret_cast<float *>(p.part_out)[part * D + d] = value;
       if (d == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;
     }
@@ -122,28 +130,30 @@ PKV_DECODE_PARTIAL(6)
 PKV_DECODE_PARTIAL(7)
 PKV_DECODE_PARTIAL(8)
 
-// Grid: (sequence, query head); thread d < head_dim. Chunks are combined in order, so the result is
-// the same bits every run. A sequence without chunks (empty) gives 0 and -inf; one with a single
-// chunk was written by the partial kernel.
+// Grid: (sequence x query token, query head); thread d < head_dim. Chunks are combined in order, so
+// the result is the same bits every run; a chunk the row sees nothing of has lse -inf and weighs
+// nothing. A sequence without chunks (empty) gives 0 and -inf; one with a single chunk was written
+// by the partial kernel.
 extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
-  const uint32_t s = blockIdx.x, qh = blockIdx.y, D = p.pool.head_dim;
+  const uint32_t s = blockIdx.x / p.q_tokens, tok = blockIdx.x % p.q_tokens, qh = blockIdx.y, D = p.pool.head_dim;
   const uint32_t *seq_chunks = reinterpret_cast<const uint32_t *>(p.seq_chunks);
   const uint32_t c0 = seq_chunks[s], c1 = seq_chunks[s + 1];
   if (c1 - c0 == 1) return;
   const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
   const float *part_out = reinterpret_cast<const float *>(p.part_out);
+  auto part = [&](uint32_t c) { return (uint64_t(c) * p.q_tokens + tok) * p.q_heads + qh; };
   float top = -INFINITY;
-  for (uint32_t c = c0; c < c1; c++) top = fmaxf(top, part_lse[uint64_t(c) * p.q_heads + qh]);
+  for (uint32_t c = c0; c < c1; c++) top = fmaxf(top, part_lse[part(c)]);
   for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
     float sum = 0.0f, o = 0.0f;
     for (uint32_t c = c0; c < c1; c++) {
-      const float lse = part_lse[uint64_t(c) * p.q_heads + qh];
+      const float lse = part_lse[part(c)];
       const float w = lse == -INFINITY ? 0.0f : expf(lse - top);
       sum += w;
-      o += w * part_out[(uint64_t(c) * p.q_heads + qh) * D + d];
+      o += w * part_out[part(c) * D + d];
     }
-    const uint64_t i = (uint64_t(s) * p.q_heads + qh) * D + d;
-    store_io(p.out_format, reinterpret_cast<void *>(p.out), i, sum > 0.0f ? o / sum : 0.0f);
-    if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[uint64_t(s) * p.q_heads + qh] = sum > 0.0f ? top + logf(sum) : -INFINITY;
+    const uint64_t i = uint64_t(blockIdx.x) * p.q_heads + qh;
+    store_io(p.out_format, reinterpret_cast<void *>(p.out), i * D + d, sum > 0.0f ? o / sum : 0.0f);
+    if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[i] = sum > 0.0f ? top + logf(sum) : -INFINITY;
   }
 }

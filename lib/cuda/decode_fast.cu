@@ -2,7 +2,8 @@
 // head_dim and K/V format pair). One block serves one (chunk, KV head, tile of query heads):
 //  - every K/V row of the chunk is loaded once, with 16-byte cp.async into a ring of shared-memory
 //    stages several tiles deep, and serves every query head of the GQA group;
-//  - thread (x, y, z): x covers 8 values of head_dim, y one query head, z every BDZ-th token of a tile;
+//  - thread (x, y, z): x covers 8 values of head_dim, y one query row (a query token's head of the
+//    group: speculative verification shares the K/V loads too), z every BDZ-th token of a tile;
 //  - scores in the log2 domain (q pre-scaled by scale * log2 e), one softmax rescale per tile;
 //  - a sequence that has one chunk is written straight to out/lse; split ones leave partials for the
 //    merge kernel (decode.cu), so unsplit batches need no second launch.
@@ -88,9 +89,11 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
   const PkvPool &pool = p.pool;
   const PkvChunk c = reinterpret_cast<const PkvChunk *>(p.chunks)[blockIdx.x];
   const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads;
-  const uint32_t g = blockIdx.z * BDY + y; // this thread's query head within the group
-  const bool head_valid = g < group;
-  const uint64_t head = uint64_t(c.seq) * p.q_heads + h * group + g;
+  const uint32_t row = blockIdx.z * BDY + y; // this thread's query row: token row / group, head row % group
+  const bool head_valid = row < p.q_tokens * group;
+  const uint32_t tok = row / group, g = row % group;
+  const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + g;
+  const uint32_t visible = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq] - p.q_tokens + tok + 1;
 
   float q[VEC], acc[VEC];
   const float q_scale = p.scale * 1.4426950408889634f; // scores in log2 units
@@ -157,7 +160,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
       for (int j = 0; j < VEC; j++) dot += q[j] * k[j];
 #pragma unroll
       for (int o = BDX / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o, BDX);
-      s[i] = t < c.token_end ? dot : -INFINITY;
+      s[i] = t < c.token_end && t < visible ? dot : -INFINITY;
       tile_max = fmaxf(tile_max, s[i]);
     }
     const float m_new = fmaxf(m, tile_max);
@@ -196,7 +199,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
   if (z != 0 || !head_valid) return;
   float top = -INFINITY;
   for (int w = 0; w < BDZ; w++) top = fmaxf(top, sm_ml[(w * BDY + y) * 2]);
-  float sum = 0.0f, o[VEC] = {};
+  float sum = 0.0f, o[VEC] = {}; // a row that saw nothing of the chunk keeps sum 0: lse -inf
   for (int w = 0; w < BDZ; w++) {
     const float mw = sm_ml[(w * BDY + y) * 2];
     const float weight = mw == -INFINITY ? 0.0f : exp2f(mw - top);
@@ -212,7 +215,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
     for (int j = 0; j < VEC; j++) store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + x * VEC + j, o[j] * inv);
     if (x == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
   } else {
-    const uint64_t part = uint64_t(blockIdx.x) * p.q_heads + h * group + g;
+    const uint64_t part = (uint64_t(blockIdx.x) * p.q_tokens + tok) * p.q_heads + h * group + g;
 #pragma unroll
     for (int j = 0; j < VEC; j++) reinterpret_cast<float *>(p.part_out)[part * D + x * VEC + j] = o[j] * inv;
     if (x == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;

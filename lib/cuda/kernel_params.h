@@ -65,12 +65,15 @@ typedef struct PkvChunk {
 typedef struct PkvDecodeParams {
   PkvPool pool;
   uint64_t seq_slots;  /* uint32_t [count]: page-table row of each sequence */
+  uint64_t lengths;    /* uint32_t [count] */
   uint64_t chunks;     /* PkvChunk [n_chunks] */
   uint64_t seq_chunks; /* uint32_t [count + 1] */
   uint64_t q, out, lse;
-  uint64_t part_out;   /* float [n_chunks][q_heads][head_dim] */
-  uint64_t part_lse;   /* float [n_chunks][q_heads] */
+  uint64_t part_out;   /* float [n_chunks][q_tokens][q_heads][head_dim] */
+  uint64_t part_lse;   /* float [n_chunks][q_tokens][q_heads] */
   uint32_t layer, count, q_heads, n_chunks;
+  uint32_t q_tokens;   /* query token t of a sequence of length L sees positions [0, L - q_tokens + t] */
+  uint32_t reserved2;
   uint32_t q_format, out_format;
   float scale;
   uint32_t reserved;
