@@ -113,6 +113,11 @@ void pkv_pool::drop_pages(Sequence &s, uint32_t keep) {
   }
 }
 
+pkv::RowTransfer pkv_pool::transfer(uint32_t layer, const std::vector<pkv::RowSlot> &slots, pkv_format format,
+                                    pkv_memory memory) {
+  return {table_updates(), layer, uint32_t(slots.size()), format, memory, slots.data()};
+}
+
 pkv::RowSlot pkv_pool::slot_of(const Sequence &s, uint32_t position) const {
   return {s.pages[position / geometry_.page_size], position % geometry_.page_size};
 }
@@ -259,16 +264,7 @@ void pkv_pool::write(const pkv_write_args &a) {
     }
   }
   if (targets.empty()) return;
-  pkv::ScatterArgs args{};
-  args.table = table_updates();
-  args.layer = a.layer;
-  args.rows = uint32_t(targets.size());
-  args.format = a.src_format;
-  args.memory = a.memory;
-  args.slots = targets.data();
-  args.k = a.k;
-  args.v = a.v;
-  ctx_->backend->scatter(geometry_, args);
+  ctx_->backend->scatter(geometry_, {transfer(a.layer, targets, a.src_format, a.memory), a.k, a.v});
   pending_.clear();
 }
 
@@ -285,16 +281,7 @@ void pkv_pool::read(const pkv_read_args &a) {
   if (a.count == 0) return;
   std::vector<pkv::RowSlot> sources(a.count);
   for (uint32_t i = 0; i < a.count; i++) sources[i] = slot_of(s, a.start + i);
-  pkv::GatherArgs args{};
-  args.table = table_updates();
-  args.layer = a.layer;
-  args.rows = a.count;
-  args.format = a.dst_format;
-  args.memory = a.memory;
-  args.slots = sources.data();
-  args.k = a.k;
-  args.v = a.v;
-  ctx_->backend->gather(geometry_, args);
+  ctx_->backend->gather(geometry_, {transfer(a.layer, sources, a.dst_format, a.memory), a.k, a.v});
   pending_.clear();
 }
 

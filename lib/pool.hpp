@@ -46,6 +46,9 @@ struct pkv_pool {
   pkv::RowSlot slot_of(const Sequence &s, uint32_t position) const;
   // The queued page-table changes, last write per entry kept, ready for the next device operation.
   pkv::TableUpdates table_updates();
+  // A scatter's or gather's common part: rows to or from `slots`, with the queued table changes.
+  pkv::RowTransfer transfer(uint32_t layer, const std::vector<pkv::RowSlot> &slots, pkv_format format,
+                            pkv_memory memory);
 
   pkv_context *ctx_;
   pkv::PoolGeometry geometry_;

@@ -526,6 +526,27 @@ static void check_agree(const model *m, uint32_t chunk, const void *ref, const f
   }
 }
 
+/* Decodes layer 1 with every chunking in chunks[]: each against the oracle, each split one against the
+ * unsplit one too. */
+static void check_chunkings(model *m, const char *what) {
+  const size_t n_out = q_values(m) * 4, n_lse = q_rows(m) * sizeof(float);
+  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out);
+  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse);
+  worst w = {0, 0};
+  random_q(m, q);
+  for (size_t c = 0; c < COUNT(chunks); c++) {
+    model_decode(m, 1, chunks[c], q, c ? out : ref, c ? lse : ref_lse);
+    check_oracle(m, 1, q, c ? out : ref, c ? lse : ref_lse, what, &w);
+    if (c) check_agree(m, chunks[c], ref, ref_lse, out, lse);
+  }
+  report(m, &w);
+  free(q);
+  free(ref);
+  free(out);
+  free(ref_lse);
+  free(lse);
+}
+
 static void split_case(void **state) {
   const shape *s = *state;
   tu_rng r = case_rng(1000 + (uint64_t)(s - split));
@@ -535,23 +556,7 @@ static void split_case(void **state) {
   model_open(&m, s, 2, 5, len, r);
   grow_to(&m, len);
   check_lengths(&m);
-
-  const size_t n_out = q_values(&m) * 4, n_lse = (size_t)m.n * m.q_heads * sizeof(float);
-  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out);
-  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse);
-  worst w = {0, 0};
-  random_q(&m, q);
-  for (size_t c = 0; c < COUNT(chunks); c++) {
-    model_decode(&m, 1, chunks[c], q, c ? out : ref, c ? lse : ref_lse);
-    check_oracle(&m, 1, q, c ? out : ref, c ? lse : ref_lse, c ? "split" : "unsplit", &w);
-    if (c) check_agree(&m, chunks[c], ref, ref_lse, out, lse);
-  }
-  report(&m, &w);
-  free(q);
-  free(ref);
-  free(out);
-  free(ref_lse);
-  free(lse);
+  check_chunkings(&m, "split");
   model_close(&m);
 }
 
@@ -566,24 +571,8 @@ static void spec_case(void **state) {
   m.qt = qt;
   grow_to(&m, len);
   check_lengths(&m);
-
-  const size_t n_out = q_values(&m) * 4, n_lse = q_rows(&m) * sizeof(float);
-  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out);
-  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse);
-  worst w = {0, 0};
-  random_q(&m, q);
-  for (size_t c = 0; c < COUNT(chunks); c++) {
-    model_decode(&m, 1, chunks[c], q, c ? out : ref, c ? lse : ref_lse);
-    check_oracle(&m, 1, q, c ? out : ref, c ? lse : ref_lse, c ? "spec split" : "spec unsplit", &w);
-    if (c) check_agree(&m, chunks[c], ref, ref_lse, out, lse);
-  }
   print_message("    %u query tokens\n", qt);
-  report(&m, &w);
-  free(q);
-  free(ref);
-  free(out);
-  free(ref_lse);
-  free(lse);
+  check_chunkings(&m, "spec");
   model_close(&m);
 }
 
