@@ -69,8 +69,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual pkv_backend kind() const = 0;
-  // How many work items run at once: what the planner splits contexts for.
+  // How many work items run at once, and the shortest chunk worth a work item of its own: what the
+  // planner splits contexts by.
   virtual uint32_t workers() const = 0;
+  virtual uint32_t min_chunk_tokens() const = 0;
 
   // Throws PKV_ERR_OUT_OF_MEMORY when the device has too little. Memory need not be zeroed.
   virtual DevPtr alloc(uint64_t bytes) = 0;

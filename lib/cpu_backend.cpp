@@ -105,6 +105,8 @@ class CpuBackend final : public Backend {
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
   uint32_t workers() const override { return workers_.threads(); }
+  // A work item costs a thread hand-off: worth it for a few hundred tokens.
+  uint32_t min_chunk_tokens() const override { return 256; }
 
   // calloc keeps never-written slots at zero (and cheap: the OS zeroes pages lazily); the block is
   // over-allocated so the pool can start 64-byte aligned like a device allocation.

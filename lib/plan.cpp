@@ -6,21 +6,20 @@ namespace pkv {
 
 namespace {
 
-// Chunks shorter than this cost more in merging than they gain in parallelism.
-constexpr uint64_t kMinChunkTokens = 256;
 // Work items per worker that keep every worker busy despite uneven lengths.
 constexpr uint64_t kItemsPerWorker = 4;
 
 uint64_t pages_of(uint64_t tokens, uint32_t page_size) { return (tokens + page_size - 1) / page_size; }
 
-// Split only as far as needed to give every worker a few (sequence, KV head, chunk) items: a long
-// sequence then gets proportionally more chunks, and short ones beside it stay whole.
+// Split only as far as needed to give every worker a few (sequence, KV head, chunk) items, never
+// below the backend's shortest worthwhile chunk: a long sequence then gets proportionally more
+// chunks, and short ones beside it stay whole.
 uint64_t choose_chunk_pages(const PlanRequest &req) {
   uint64_t total_pages = 0;
   for (uint32_t b = 0; b < req.count; b++) total_pages += pages_of(req.lengths[b], req.page_size);
   const uint64_t want_items = std::max<uint64_t>(1, uint64_t(req.workers) * kItemsPerWorker);
   const uint64_t chunks_wanted = (want_items + req.kv_heads - 1) / req.kv_heads;
-  const uint64_t min_pages = pages_of(kMinChunkTokens, req.page_size);
+  const uint64_t min_pages = pages_of(req.min_chunk_tokens, req.page_size);
   return std::max<uint64_t>(min_pages, (total_pages + chunks_wanted - 1) / std::max<uint64_t>(1, chunks_wanted));
 }
 

@@ -26,6 +26,7 @@ struct PlanRequest {
   uint32_t kv_heads;
   uint32_t chunk_pages; // 0: choose; UINT32_MAX: never split
   uint32_t workers;     // units that run work items at once (threads, multiprocessors)
+  uint32_t min_chunk_tokens; // shorter chunks cost more in merging than they gain in parallelism
 };
 
 DecodePlan make_plan(const PlanRequest &req);

@@ -313,7 +313,8 @@ void pkv_pool::decode(const pkv_decode_args &a) {
            "tokens first", i, lengths[i], a.q_tokens);
   }
   const pkv::DecodePlan plan = pkv::make_plan(
-      {lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, ctx_->backend->workers()});
+      {lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, ctx_->backend->workers(),
+       ctx_->backend->min_chunk_tokens()});
 
   pkv::DecodeBatch batch{};
   batch.table = table_updates();

@@ -120,6 +120,9 @@ class CudaBackend final : public Backend {
 
   pkv_backend kind() const override { return PKV_BACKEND_CUDA; }
   uint32_t workers() const override { return sms_; }
+  // A block streams a chunk a tile at a time: short chunks over many multiprocessors finish sooner
+  // than long ones over few, and the merge of a few partials is cheap.
+  uint32_t min_chunk_tokens() const override { return 64; }
 
   DevPtr alloc(uint64_t bytes) override {
     Current current(*this);
