@@ -1,6 +1,6 @@
 /* Tests for GPU backends only (skipped, visibly, when the backend in use is the CPU): pages written
- * by the GPU are identical to the CPU backend's, a batch of 512 sequences and one 128K-token sequence
- * decode like a float64 oracle. The rest of the suite runs on the GPU through PKV_BACKEND. */
+ * by the GPU are identical to the CPU backend's, a batch of 512 sequences, one 128K-token sequence and
+ * GQA groups of 16 decode like a float64 oracle, and a pool larger than the device fails cleanly. The rest of the suite runs on the GPU through PKV_BACKEND. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -217,6 +217,31 @@ static void group_of_16(void **state) {
   for (uint32_t D = 64; D <= 256; D *= 2) decode_against_oracle(len, 4, 32, 2, D, pages);
 }
 
+/* Pools the device cannot hold: PKV_ERR_OUT_OF_MEMORY with a reason, and nothing left allocated. The
+ * pages of the second kind fit (52 GB) but its page table (1M sequences x 800K pages) does not, so a
+ * refusal that leaked the pages would leave too little for the 52 GB pool made afterwards. */
+static void pool_larger_than_device(void **state) {
+  (void)state;
+  const pkv_pool_desc small = pu_desc(1, 1, 64, 16, 64, 4, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  pkv_context *ctx;
+  pkv_pool *pool, *none = NULL;
+  open_gpu(&small, &ctx, &pool);
+  pkv_pool_desc pages_too_big = pu_desc(80, 8, 128, 16, 65536, 4, PKV_FORMAT_F16, PKV_FORMAT_F16); /* 320 GiB */
+  pu_assert_fails(pkv_pool_create(ctx, &pages_too_big, &none), PKV_ERR_OUT_OF_MEMORY);
+  pkv_pool_desc table_too_big = pu_desc(1, 8, 128, 16, 800000, 1u << 20, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  for (int round = 0; round < 3; round++)
+    pu_assert_fails(pkv_pool_create(ctx, &table_too_big, &none), PKV_ERR_OUT_OF_MEMORY);
+  assert_null(none);
+  pkv_pool_desc fits = table_too_big;
+  fits.max_sequences = 4;
+  pkv_pool *big;
+  check(pkv_pool_create(ctx, &fits, &big));
+  check(pkv_pool_destroy(big));
+  pkv_seq s;
+  check(pkv_seq_alloc(pool, &s)); /* the first pool is untouched */
+  pu_close(ctx, pool);
+}
+
 static int setup(void **state) {
   (void)state;
   rng = tu_rng_make(tu_seed());
@@ -229,6 +254,7 @@ int main(void) {
       cmocka_unit_test(batch_of_512),
       cmocka_unit_test(one_sequence_of_128k),
       cmocka_unit_test(group_of_16),
+      cmocka_unit_test(pool_larger_than_device),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
