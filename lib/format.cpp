@@ -48,15 +48,14 @@ uint16_t f32_to_f16(float x) {
   return uint16_t(sign | uint16_t((rounded - 0x38000000u) >> 13));
 }
 
+// Branch-free, so loops over rows vectorise: the half's exponent and mantissa are moved into float
+// position and rescaled by a power of two (which also carries infinities and NaNs over); subnormal
+// halves are instead built as 0.5 + m * 2^-24 with the bits of 0.5's exponent, minus 0.5.
 float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
-  if (e == 0) {
-    const float v = float(m) * (1.0f / 16777216.0f); // exact: m < 2^10
-    return from_bits(bits(v) | sign);
-  }
-  if (e == 31) return from_bits(sign | 0x7f800000u | (m << 13));
-  return from_bits(sign | ((e + 112u) << 23) | (m << 13));
+  const uint32_t w = uint32_t(h) << 16, sign = w & 0x80000000u, two_w = w + w;
+  const float normal = from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float subnormal = from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+  return from_bits(sign | (two_w < (1u << 27) ? bits(subnormal) : bits(normal)));
 }
 
 uint16_t f32_to_bf16(float x) {
