@@ -527,18 +527,25 @@ static void check_agree(const model *m, uint32_t chunk, const void *ref, const f
 }
 
 /* Decodes layer 1 with every chunking in chunks[]: each against the oracle, each split one against the
- * unsplit one too. */
+ * unsplit one too, and each twice: the same inputs must give the same bits. */
 static void check_chunkings(model *m, const char *what) {
   const size_t n_out = q_values(m) * 4, n_lse = q_rows(m) * sizeof(float);
-  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out);
-  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse);
+  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out), *again = xmalloc(n_out);
+  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse), *again_lse = xmalloc(n_lse);
   worst w = {0, 0};
   random_q(m, q);
   for (size_t c = 0; c < COUNT(chunks); c++) {
-    model_decode(m, 1, chunks[c], q, c ? out : ref, c ? lse : ref_lse);
-    check_oracle(m, 1, q, c ? out : ref, c ? lse : ref_lse, what, &w);
+    void *got = c ? out : ref;
+    float *got_lse = c ? lse : ref_lse;
+    model_decode(m, 1, chunks[c], q, got, got_lse);
+    check_oracle(m, 1, q, got, got_lse, what, &w);
     if (c) check_agree(m, chunks[c], ref, ref_lse, out, lse);
+    model_decode(m, 1, chunks[c], q, again, again_lse);
+    if (memcmp(got, again, q_values(m) * tu_elem_bytes(m->s.out)) != 0 || memcmp(got_lse, again_lse, n_lse) != 0)
+      fail_msg("%s: chunk_pages %u: a second decode of the same inputs gave other bits", what, chunks[c]);
   }
+  free(again);
+  free(again_lse);
   report(m, &w);
   free(q);
   free(ref);
