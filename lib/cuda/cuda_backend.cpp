@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <vector>
 
 #include "../error.hpp"
@@ -96,7 +95,7 @@ class CudaBackend final : public Backend {
         check(cu_.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         own_stream_ = true;
       }
-      check(cu_.cuEventCreate(&staged_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+      for (HostStage &h : stages_) check(cu_.cuEventCreate(&h.sent, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
       load_module(cuda_image_pages, &pages_module_);
       load_module(cuda_image_decode, &decode_module_);
       load_module(cuda_image_decode_fast, &fast_module_);
@@ -365,10 +364,12 @@ class CudaBackend final : public Backend {
     const uint32_t D = g.head_dim;
     if (!use_fast_ || (D != 64 && D != 128 && D != 256) || !fast_format(g.k.format) || !fast_format(g.v.format))
       return {};
-    const std::string name = "pkv_decode_fast_" + std::to_string(D) + "_" + std::to_string(int(g.k.format)) + "_" +
-                             std::to_string(int(g.v.format));
-    CUfunction &fn = fast_functions_[name];
-    if (!fn) fn = function(fast_module_, name.c_str());
+    CUfunction &fn = fast_functions_[D / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+    if (!fn) {
+      const std::string name = "pkv_decode_fast_" + std::to_string(D) + "_" + std::to_string(int(g.k.format)) + "_" +
+                               std::to_string(int(g.v.format));
+      fn = function(fast_module_, name.c_str());
+    }
     // Shared-memory row strides as the kernel lays them out: data then scales, 16-byte aligned.
     auto stride = [](const PlaneLayout &l) { return unsigned(align16(l.row_data_bytes + l.row_scale_bytes)); };
     const unsigned bdx = D / 8, row_bytes = stride(g.k) + stride(g.v), max_threads = PKV_FAST_MAX_THREADS;
@@ -408,25 +409,27 @@ class CudaBackend final : public Backend {
     buf->bytes = want;
   }
 
-  // One packed host-to-device transfer through the pinned staging buffer; returns where it lands.
-  // The staging buffer is reused only after the previous transfer out of it has finished.
+  // One packed host-to-device transfer through a pinned staging buffer; returns where it lands. Two
+  // pinned buffers take turns, so the host waits only when the transfer before last is still going.
   DevPtr send(const Upload &up) {
     if (up.total() == 0) return 0;
-    if (staged_pending_) check(cu_.cuEventSynchronize(staged_), "cuEventSynchronize");
-    staged_pending_ = false;
-    if (up.total() > host_stage_bytes_) {
-      const uint64_t want = std::max<uint64_t>(up.total(), 2 * host_stage_bytes_ + (1 << 20));
-      if (host_stage_) cu_.cuMemFreeHost(host_stage_);
-      host_stage_ = nullptr;
-      host_stage_bytes_ = 0;
-      check(cu_.cuMemHostAlloc(&host_stage_, size_t(want), CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (staging)");
-      host_stage_bytes_ = want;
+    HostStage &h = stages_[next_stage_];
+    next_stage_ = 1 - next_stage_;
+    if (h.pending) check(cu_.cuEventSynchronize(h.sent), "cuEventSynchronize");
+    h.pending = false;
+    if (up.total() > h.bytes) {
+      const uint64_t want = std::max<uint64_t>(up.total(), 2 * h.bytes + (1 << 20));
+      if (h.ptr) cu_.cuMemFreeHost(h.ptr);
+      h.ptr = nullptr;
+      h.bytes = 0;
+      check(cu_.cuMemHostAlloc(&h.ptr, size_t(want), CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (staging)");
+      h.bytes = want;
     }
-    ensure(&device_stage_, up.total());
-    up.copy_into(static_cast<uint8_t *>(host_stage_));
-    check(cu_.cuMemcpyHtoDAsync(device_stage_.ptr, host_stage_, size_t(up.total()), stream_), "cuMemcpyHtoDAsync");
-    check(cu_.cuEventRecord(staged_, stream_), "cuEventRecord");
-    staged_pending_ = true;
+    ensure(&device_stage_, up.total()); // one device buffer: uploads are ordered by the stream
+    up.copy_into(static_cast<uint8_t *>(h.ptr));
+    check(cu_.cuMemcpyHtoDAsync(device_stage_.ptr, h.ptr, size_t(up.total()), stream_), "cuMemcpyHtoDAsync");
+    check(cu_.cuEventRecord(h.sent, stream_), "cuEventRecord");
+    h.pending = true;
     return device_stage_.ptr;
   }
 
@@ -436,8 +439,10 @@ class CudaBackend final : public Backend {
     if (stream_) cu_.cuStreamSynchronize(stream_);
     for (DeviceBuffer *b : {&device_stage_, &part_out_, &part_lse_, &decode_out_, &rows_out_})
       if (b->ptr) cu_.cuMemFree(b->ptr);
-    if (host_stage_) cu_.cuMemFreeHost(host_stage_);
-    if (staged_) cu_.cuEventDestroy(staged_);
+    for (HostStage &h : stages_) {
+      if (h.ptr) cu_.cuMemFreeHost(h.ptr);
+      if (h.sent) cu_.cuEventDestroy(h.sent);
+    }
     if (pages_module_) cu_.cuModuleUnload(pages_module_);
     if (decode_module_) cu_.cuModuleUnload(decode_module_);
     if (fast_module_) cu_.cuModuleUnload(fast_module_);
@@ -455,14 +460,18 @@ class CudaBackend final : public Backend {
   uint32_t sms_ = 1;
   CUmodule pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr;
   bool use_fast_ = true;
-  std::map<std::string, CUfunction> fast_functions_;
+  CUfunction fast_functions_[3][4][4] = {}; // [head_dim 64/128/256][K format][V format], looked up once
   CUfunction apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   CUfunction read_bandwidth_ = nullptr;
   CUfunction partial_[8] = {};
-  CUevent staged_ = nullptr;
-  bool staged_pending_ = false;
-  void *host_stage_ = nullptr;
-  uint64_t host_stage_bytes_ = 0;
+  struct HostStage {
+    void *ptr = nullptr;
+    uint64_t bytes = 0;
+    CUevent sent = nullptr; // the transfer out of it has finished
+    bool pending = false;
+  };
+  HostStage stages_[2];
+  unsigned next_stage_ = 0;
   DeviceBuffer device_stage_, part_out_, part_lse_, decode_out_, rows_out_;
 };
 
