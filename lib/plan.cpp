@@ -40,4 +40,22 @@ DecodePlan make_plan(const PlanRequest &req) {
   return plan;
 }
 
+const DecodePlan &PlanCache::get(const PlanRequest &req) {
+  const bool same = valid_ && req.page_size == page_size_ && req.kv_heads == kv_heads_ &&
+                    req.chunk_pages == chunk_pages_ && req.workers == workers_ &&
+                    req.min_chunk_tokens == min_chunk_tokens_ && lengths_.size() == req.count &&
+                    std::equal(lengths_.begin(), lengths_.end(), req.lengths);
+  if (same) return plan_;
+  valid_ = false; // stays so if make_plan throws
+  plan_ = make_plan(req);
+  lengths_.assign(req.lengths, req.lengths + req.count);
+  page_size_ = req.page_size;
+  kv_heads_ = req.kv_heads;
+  chunk_pages_ = req.chunk_pages;
+  workers_ = req.workers;
+  min_chunk_tokens_ = req.min_chunk_tokens;
+  valid_ = true;
+  return plan_;
+}
+
 } // namespace pkv

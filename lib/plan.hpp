@@ -31,4 +31,17 @@ struct PlanRequest {
 
 DecodePlan make_plan(const PlanRequest &req);
 
+// The last plan made and what it was made from: an engine decodes every layer of a step with the same
+// batch, so all but the first layer's call reuse it.
+class PlanCache {
+ public:
+  const DecodePlan &get(const PlanRequest &req);
+
+ private:
+  DecodePlan plan_;
+  std::vector<uint32_t> lengths_;
+  uint32_t page_size_ = 0, kv_heads_ = 0, chunk_pages_ = 0, workers_ = 0, min_chunk_tokens_ = 0;
+  bool valid_ = false;
+};
+
 } // namespace pkv

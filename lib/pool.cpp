@@ -312,7 +312,7 @@ void pkv_pool::decode(const pkv_decode_args &a) {
       fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u] holds %u tokens, fewer than q_tokens %u: append and write the query "
            "tokens first", i, lengths[i], a.q_tokens);
   }
-  const pkv::DecodePlan plan = pkv::make_plan(
+  const pkv::DecodePlan &plan = plans_.get(
       {lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, ctx_->backend->workers(),
        ctx_->backend->min_chunk_tokens()});
 

@@ -10,6 +10,7 @@
 #include "context.hpp"
 #include "handle_table.hpp"
 #include "page_allocator.hpp"
+#include "plan.hpp"
 #include "pagedkv.h"
 
 struct pkv_pool {
@@ -59,4 +60,5 @@ struct pkv_pool {
   uint64_t tokens_live_ = 0;
   uint64_t max_length_;
   std::vector<pkv::TableEntry> pending_;
+  pkv::PlanCache plans_; // under mu_, like everything the pool's calls touch
 };
