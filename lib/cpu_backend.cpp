@@ -45,14 +45,26 @@ struct ChunkTask {
   float *lse; // [q_tokens * group]
 };
 
+// attend_chunk's buffers, kept per thread between calls: once warm, a decode allocates nothing.
+struct Scratch {
+  std::vector<float> q, acc, keys, values, m, l, scores;
+};
+thread_local Scratch scratch;
+
 void attend_chunk(const ChunkTask &t) {
   const PoolGeometry &g = *t.g;
   const DecodeBatch &b = *t.b;
   const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq, rows = b.q_tokens * group;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float> q(size_t(rows) * D), acc(size_t(rows) * D, 0.0f);
-  std::vector<float> keys(size_t(kTokenBlock) * D), values(size_t(kTokenBlock) * D);
-  std::vector<float> m(rows, neg_inf), l(rows, 0.0f), scores(kTokenBlock);
+  std::vector<float> &q = scratch.q, &acc = scratch.acc, &keys = scratch.keys, &values = scratch.values;
+  std::vector<float> &m = scratch.m, &l = scratch.l, &scores = scratch.scores;
+  q.resize(size_t(rows) * D);
+  acc.assign(size_t(rows) * D, 0.0f);
+  keys.resize(size_t(kTokenBlock) * D);
+  values.resize(size_t(kTokenBlock) * D);
+  m.assign(rows, neg_inf);
+  l.assign(rows, 0.0f);
+  scores.resize(kTokenBlock);
 
   const size_t q_elem = io_elem_bytes(b.q_format);
   for (uint32_t tok = 0; tok < b.q_tokens; tok++) {
