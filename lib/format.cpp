@@ -55,7 +55,8 @@ float f16_to_f32(uint16_t h) {
   const uint32_t w = uint32_t(h) << 16, sign = w & 0x80000000u, two_w = w + w;
   const float normal = from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float subnormal = from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
-  return from_bits(sign | (two_w < (1u << 27) ? bits(subnormal) : bits(normal)));
+  const uint32_t is_subnormal = 0u - uint32_t(two_w < (1u << 27)); // a mask, not a branch
+  return from_bits(sign | (bits(subnormal) & is_subnormal) | (bits(normal) & ~is_subnormal));
 }
 
 uint16_t f32_to_bf16(float x) {
