@@ -45,17 +45,24 @@ void HandleTable::release(uint32_t slot) {
   free_.push_back(slot);
 }
 
+bool HandleTable::live_slot(pkv_seq seq, uint32_t *slot) const {
+  const uint32_t s = uint32_t(seq.id & (kMaxSlots - 1));
+  if (seq.id == 0 || seq.id >> (kGenBits + kSlotBits) != tag_ || s >= capacity() ||
+      uint32_t(seq.id >> kSlotBits) != generation_[s])
+    return false;
+  *slot = s;
+  return true;
+}
+
 uint32_t HandleTable::resolve(pkv_seq seq, const char *what) const {
+  uint32_t slot;
+  if (live_slot(seq, &slot)) return slot;
   if (seq.id == 0) fail(PKV_ERR_STALE_HANDLE, "%s is the zero handle, which is never valid", what);
-  const uint64_t tag = seq.id >> (kGenBits + kSlotBits);
-  const uint32_t generation = uint32_t(seq.id >> kSlotBits);
-  const uint32_t slot = uint32_t(seq.id & (kMaxSlots - 1));
-  if (tag != tag_ || slot >= capacity())
+  slot = uint32_t(seq.id & (kMaxSlots - 1));
+  if (seq.id >> (kGenBits + kSlotBits) != tag_ || slot >= capacity())
     fail(PKV_ERR_STALE_HANDLE, "%s (0x%016llx) belongs to another pool", what, (unsigned long long)seq.id);
-  if (generation != generation_[slot])
-    fail(PKV_ERR_STALE_HANDLE, "%s (0x%016llx) was freed: slot %u is at generation %u, the handle has %u",
-         what, (unsigned long long)seq.id, slot, generation_[slot], generation);
-  return slot;
+  fail(PKV_ERR_STALE_HANDLE, "%s (0x%016llx) was freed: slot %u is at generation %u, the handle has %u", what,
+       (unsigned long long)seq.id, slot, generation_[slot], uint32_t(seq.id >> kSlotBits));
 }
 
 } // namespace pkv

@@ -25,6 +25,9 @@ class HandleTable {
   void release(uint32_t slot);
   // The slot of a live handle, or a thrown PKV_ERR_STALE_HANDLE naming what is wrong with it.
   uint32_t resolve(pkv_seq seq, const char *what) const;
+  // The same without the error: false for a stale handle. What a batch checks each sequence with,
+  // naming one (resolve) only when it fails.
+  bool live_slot(pkv_seq seq, uint32_t *slot) const;
 
  private:
   uint64_t tag_;

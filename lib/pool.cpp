@@ -74,6 +74,7 @@ pkv_pool::~pkv_pool() {
 }
 
 pkv::TableUpdates pkv_pool::table_updates() {
+  if (pending_.empty()) return {};
   // Walk from the newest entry and keep each (slot, index) once: devices apply them in parallel.
   std::vector<pkv::TableEntry> compact;
   std::unordered_set<uint64_t> seen;
@@ -87,10 +88,11 @@ pkv::TableUpdates pkv_pool::table_updates() {
 
 std::vector<uint32_t> pkv_pool::resolve_batch(const pkv_seq *seqs, uint32_t count, const char *what, bool unique) {
   std::vector<uint32_t> slots(count);
-  char name[64];
   for (uint32_t i = 0; i < count; i++) {
+    if (handles_.live_slot(seqs[i], &slots[i])) continue;
+    char name[64]; // named only for the error: a batch of live handles formats nothing
     std::snprintf(name, sizeof name, "%s[%u]", what, i);
-    slots[i] = handles_.resolve(seqs[i], name);
+    handles_.resolve(seqs[i], name);
   }
   if (unique) {
     std::vector<uint32_t> sorted = slots;
