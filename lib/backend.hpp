@@ -72,10 +72,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual pkv_backend kind() const = 0;
-  // How many work items run at once for a pool's decode (threads; multiprocessors times the decode
-  // kernel's blocks per multiprocessor), and the shortest chunk worth a work item of its own: what
-  // the planner splits contexts by.
-  virtual uint32_t workers(const PoolGeometry &g) = 0;
+  // How many work items run at once for a pool's decode with `rows` query rows per KV head (threads;
+  // multiprocessors times the decode kernel's blocks per multiprocessor), and the shortest chunk
+  // worth a work item of its own: what the planner splits contexts by.
+  virtual uint32_t workers(const PoolGeometry &g, uint32_t rows) = 0;
   virtual uint32_t min_chunk_tokens() const = 0;
   // What a pool's plan buffer holds, and its bytes (0: the backend keeps no plan buffer).
   virtual PlanLimits plan_limits(const PoolGeometry &) { return {}; }

@@ -328,7 +328,8 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   }
   pkv::Backend &backend = *ctx_->backend;
   const pkv::DecodePlan &plan =
-      plans_.get({lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, backend.workers(geometry_),
+      plans_.get({lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages,
+                  backend.workers(geometry_, a.q_tokens * (a.q_heads / geometry_.kv_heads)),
                   backend.min_chunk_tokens(), backend.plan_limits(geometry_)});
 
   pkv::DecodeBatch batch{};

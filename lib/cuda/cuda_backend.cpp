@@ -140,14 +140,16 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override { teardown(); }
 
   pkv_backend kind() const override { return PKV_BACKEND_CUDA; }
-  uint32_t workers(const PoolGeometry &g) override {
+  uint32_t workers(const PoolGeometry &g, uint32_t rows) override {
     if (decode_kind(g) != DecodeKind::mma) return sms_;
-    uint32_t &n = mma_blocks_per_sm_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+    const unsigned mtiles = mma_tiles(rows);
+    uint32_t &n = mma_blocks_per_sm_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16]
+                                    [mtiles - 1];
     if (!n) {
       Current current(*this);
       int blocks = 0;
-      check(cu_.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_function(g), PKV_MMA_WARPS * 32,
-                                                            mma_shared_bytes(g)),
+      check(cu_.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_function(g), mtiles * PKV_MMA_WARPS * 32,
+                                                            mma_shared_bytes(g, mtiles)),
             "cuOccupancyMaxActiveBlocksPerMultiprocessor");
       n = uint32_t(std::max(1, blocks));
     }
@@ -157,7 +159,7 @@ class CudaBackend final : public Backend {
   // than long ones over few, and the merge of a few partials is cheap.
   uint32_t min_chunk_tokens() const override { return 64; }
   PlanLimits plan_limits(const PoolGeometry &g) override {
-    return chosen_plan_bounds(g.max_sequences, g.kv_heads, workers(g));
+    return chosen_plan_bounds(g.max_sequences, g.kv_heads, workers(g, 1)); // the most blocks at once
   }
   uint64_t plan_buffer_bytes(const PoolGeometry &g) override {
     return plan_layout(g.max_sequences, plan_limits(g).chunks).bytes;
@@ -305,6 +307,8 @@ class CudaBackend final : public Backend {
     p.q_tokens = b.q_tokens;
     p.n_chunks = uint32_t(plan.chunks.size());
     p.row_tiles = k.row_tiles;
+    p.mtiles = k.mtiles;
+    p.q_aligned = p.q % 16 == 0;
     p.q_format = uint32_t(b.q_format);
     p.out_format = uint32_t(b.out_format);
     p.scale = b.scale;
@@ -313,7 +317,7 @@ class CudaBackend final : public Backend {
     switch (k.kind) {
     case DecodeKind::mma:
       // Blocks loop over items, so a replay of a larger plan is still covered.
-      launch(k.fn, n_chunks * g.kv_heads * k.row_tiles, 1, 1, &p, PKV_MMA_WARPS * 32, 1, 1, k.shared_bytes);
+      launch(k.fn, n_chunks * g.kv_heads * k.row_tiles, 1, 1, &p, k.mtiles * PKV_MMA_WARPS * 32, 1, 1, k.shared_bytes);
       break;
     case DecodeKind::fast:
       launch(k.fn, n_chunks, g.kv_heads, k.row_tiles, &p, g.head_dim / 8, k.bdy, k.bdz, k.shared_bytes);
@@ -430,7 +434,7 @@ class CudaBackend final : public Backend {
   struct DecodeKernel {
     DecodeKind kind = DecodeKind::generic;
     CUfunction fn = nullptr;
-    unsigned row_tiles = 1, bdy = 0, bdz = 0, shared_bytes = 0;
+    unsigned row_tiles = 1, mtiles = 1, bdy = 0, bdz = 0, shared_bytes = 0;
   };
 
   DecodeKind decode_kind(const PoolGeometry &g) const {
@@ -450,7 +454,7 @@ class CudaBackend final : public Backend {
                              "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
     CUfunction f = function(mma ? mma_module_ : fast_module_, name.c_str());
     if (mma)
-      check(cu_.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(mma_shared_bytes(g))),
+      check(cu_.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(mma_shared_bytes(g, 2))),
             name.c_str());
     fn = f;
     return fn;
@@ -468,8 +472,9 @@ class CudaBackend final : public Backend {
     }
     k.fn = specialised_function(g, k.kind);
     if (k.kind == DecodeKind::mma) {
-      k.row_tiles = (rows + PKV_MMA_ROWS - 1) / PKV_MMA_ROWS;
-      k.shared_bytes = mma_shared_bytes(g);
+      k.mtiles = mma_tiles(rows);
+      k.row_tiles = (rows + PKV_MMA_ROWS * k.mtiles - 1) / (PKV_MMA_ROWS * k.mtiles);
+      k.shared_bytes = mma_shared_bytes(g, k.mtiles);
       return k;
     }
     // Shared-memory row strides as the fast kernel lays them out: data then scales, 16-byte aligned.
@@ -490,16 +495,21 @@ class CudaBackend final : public Backend {
     return k;
   }
 
+  // Tiles of PKV_MMA_ROWS query rows one block of the tensor-core kernel serves (PKV_MMA_WARPS warps
+  // each): two when a KV head has more rows than one tile, so the stages serve them all.
+  static unsigned mma_tiles(uint32_t rows) { return rows <= PKV_MMA_ROWS ? 1 : 2; }
+
   // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out: stages of
-  // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments, and the warps' combine area.
-  static unsigned mma_shared_bytes(const PoolGeometry &g) {
+  // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments of each row tile, and the warps'
+  // combine area.
+  static unsigned mma_shared_bytes(const PoolGeometry &g, unsigned mtiles) {
     const unsigned D = g.head_dim, rows = PKV_MMA_ROWS, warps = PKV_MMA_WARPS;
     auto stride = [](const PlaneLayout &l) { return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes)); };
     const unsigned stage = warps * PKV_MMA_TOKENS * (stride(g.k) + stride(g.v));
     const bool quantized = g.k.format == PKV_FORMAT_Q8_0 || g.k.format == PKV_FORMAT_Q4_0;
-    const unsigned q = quantized ? 2 * (D / 32 * 32 * 16 + D / 32 * rows * 4) : 2 * (D / 16) * 32 * 16;
-    const unsigned combine = (warps * rows * (D + 8) + 2 * warps * rows) * 4;
-    return std::max(pkv_mma_stages(D) * stage + q, combine);
+    const unsigned q = quantized ? 2 * (D / 32 * 32 * 16) + D / 32 * rows * 4 : 2 * (D / 16) * 32 * 16;
+    const unsigned combine = 2 * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
+    return std::max(pkv_mma_stages(D) * stage + mtiles * q, combine);
   }
 
   // Sends the batch's queued table changes and, unless the pool's plan buffer holds it already, the
@@ -618,7 +628,7 @@ class CudaBackend final : public Backend {
   DecodeKind kind_ = DecodeKind::mma;
   // [head_dim 64/128/256][K format][V format], looked up once
   CUfunction fast_functions_[3][4][4] = {}, mma_functions_[3][4][4] = {};
-  uint32_t mma_blocks_per_sm_[3][4][4] = {};
+  uint32_t mma_blocks_per_sm_[3][4][4][2] = {}; // [..][row tiles a block serves: 1, 2]
   CUfunction apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   CUfunction read_bandwidth_ = nullptr;
   CUfunction partial_[8] = {};

@@ -1,9 +1,11 @@
 // The tensor-core split-K decode (sm_80 and newer), one kernel per head_dim 64/128/256 and K/V format
-// pair. A work item is (chunk, KV head, tile of 16 query rows: the GQA group's heads times the query
+// pair. A work item is (chunk, KV head, tile of query rows: the GQA group's heads times the query
 // tokens); blocks take items in turn, so any grid covers any plan (a captured launch replays
 // correctly after the plan changes).
-//  - K/V rows stream through shared-memory stages with 16-byte cp.async; a stage holds 64 tokens, a
-//    warp takes 16 of them. Rows past the chunk are zero-filled, so every MMA input is finite.
+//  - K/V rows stream through shared-memory stages with 16-byte cp.async; a stage holds 64 tokens.
+//    A block serves 1 or 2 tiles of 16 query rows (speculative tokens times the GQA group) with 4
+//    warps each, a warp taking 16 tokens of every stage. Rows past the chunk are zero-filled, so
+//    every MMA input is finite.
 //  - Scores S = Q K^T and the output O = P V run on the tensor cores with fp32 accumulation. Float
 //    operands keep ~16-22 bits by splitting: q (and P) are sums of two f16 (F16 pages) or bf16 parts,
 //    each multiplied against the exact page values.
@@ -24,11 +26,11 @@ using namespace pkv_dev;
 
 namespace {
 
-constexpr int WARPS = PKV_MMA_WARPS, THREADS = WARPS * 32;
+constexpr int WARPS = PKV_MMA_WARPS, THREADS = WARPS * 32; // per tile of query rows
 constexpr int SUB = PKV_MMA_TOKENS;   // tokens per warp per stage
 constexpr int TILE = WARPS * SUB;     // tokens per stage
 constexpr int ROWS = PKV_MMA_ROWS;    // query rows per item
-static_assert(THREADS == 2 * TILE, "half the threads copy K rows, half V rows");
+static_assert(THREADS == 2 * TILE, "a row tile's threads copy a stage: half K rows, half V rows");
 
 __device__ __forceinline__ void cp_async_zfill(void *smem, const void *global, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -78,28 +80,46 @@ __device__ __forceinline__ void mma_s8(int d[4], const uint32_t a[4], uint32_t b
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
 }
 
-// A 16-bit float (f16 or bf16) and back.
-template <bool F16> __device__ __forceinline__ uint16_t to16(float x) {
-  return F16 ? float_to_half(x) : float_to_bf16(x);
-}
-template <bool F16> __device__ __forceinline__ float from16(uint16_t h) {
-  return F16 ? half_to_float(h) : bf16_to_float(h);
-}
-
-// Splits x and y into N 16-bit parts each (x = sum of parts to ~8 N bits for bf16, ~11 N for f16)
-// and packs part i of both into out[i] (x low, y high).
-template <bool F16, int N> __device__ __forceinline__ void split_pair(float x, float y, uint32_t *out, int stride) {
-#pragma unroll
-  for (int i = 0; i < N; i++) {
-    const uint16_t hx = to16<F16>(x), hy = to16<F16>(y);
-    out[i * stride] = uint32_t(hx) | uint32_t(hy) << 16;
-    x -= from16<F16>(hx);
-    y -= from16<F16>(hy);
+// Two floats as a packed pair of 16-bit floats (x low, y high), rounded: one conversion for both.
+template <bool F16> __device__ __forceinline__ uint32_t pack2(float x, float y) {
+  if constexpr (F16) {
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t *>(&h);
   }
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  return uint32_t(float_to_bf16(lo)) | uint32_t(float_to_bf16(hi)) << 16;
+// Splits x and y into hi + lo 16-bit parts each and packs them (x low, y high): hi[0] the high parts,
+// hi[stride] the low ones. bf16: hi rounded, read back by a shift. f16: hi keeps 11 significant bits
+// (Veltkamp's split, explicitly rounded operations), so it converts exactly; lo is the remainder.
+// Two conversions a pair either way (the conversion unit is the scarce one).
+template <bool F16> __device__ __forceinline__ void split_pair(float x, float y, uint32_t *out, int stride) {
+  float hx, hy;
+  if constexpr (F16) {
+    const float tx = __fmul_rn(x, 8193.0f), ty = __fmul_rn(y, 8193.0f); // 2^13 + 1: keeps 24 - 13 bits
+    hx = __fsub_rn(tx, __fsub_rn(tx, x));
+    hy = __fsub_rn(ty, __fsub_rn(ty, y));
+    out[0] = pack2<true>(hx, hy);
+  } else {
+    const uint32_t h = pack2<false>(x, y);
+    out[0] = h;
+    hx = __uint_as_float(h << 16);
+    hy = __uint_as_float(h & 0xffff0000u);
+  }
+  out[stride] = pack2<F16>(__fsub_rn(x, hx), __fsub_rn(y, hy));
+}
+
+// bf16 pair of byte i of a and of b, each a signed 8-bit integer, exactly and without a conversion
+// instruction: 2^23 + 128 + v as a float has v + 128 (the byte with its sign bit flipped) in its low
+// mantissa bits, so subtracting 2^23 + 128 gives float(v), whose low 16 bits are zero (|v| <= 128):
+// its high half is bf16(v).
+__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t a, uint32_t b, int i) {
+  const uint32_t sel = 0x5440u | uint32_t(i); // [byte i, 0, 0, 0x4b]
+  const float fa = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
+  const float fb = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
+  return __byte_perm(__float_as_uint(fa), __float_as_uint(fb), 0x7632);
 }
 
 template <uint32_t F, int D> struct Row {
@@ -175,12 +195,12 @@ template <int D, uint32_t KF, uint32_t VF> struct Mma {
   static constexpr int SPLIT = 2;
   static constexpr uint32_t stage_bytes = TILE * (K::stride + V::stride);
   // q fragments: float K [split][kstep][lane][4 words]; quantized K [part][group][lane][4 words] and
-  // scales [part][group][row].
+  // scales [group][row].
   static constexpr uint32_t q_words = K::quantized ? 2 * GROUPS * 32 * 4 : SPLIT * KSTEPS * 32 * 4;
-  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? 2 * GROUPS * ROWS * 4 : 0);
+  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
-  static constexpr uint32_t combine_bytes = (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4;
+  static constexpr uint32_t combine_bytes = 2 * (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4; // 2 row tiles
   static constexpr uint32_t loop_bytes = NS * stage_bytes + q_bytes;
   // What the host reserves: CudaBackend computes the same from kernel_params.h.
   static constexpr uint32_t shared_bytes = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
@@ -193,11 +213,18 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
   using V = typename M::V;
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
-  uint32_t *q_frag = reinterpret_cast<uint32_t *>(smem + M::NS * M::stage_bytes);
-  float *q_scale_sm = reinterpret_cast<float *>(q_frag + M::q_words); // quantized K
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, gid = lane / 4, tig = lane % 4;
+  // The block's MT tiles of ROWS query rows, WARPS warps each, every warp taking 16 tokens of a stage:
+  // each K/V row in shared memory serves all the block's rows.
+  const int MT = int(p.mtiles), mt = warp / WARPS, slice = warp % WARPS, threads = int(blockDim.x);
+  const uint32_t block_rows = ROWS * MT;
+  // Row tile i's q fragments and (quantized K) scales.
+  auto q_frag_of = [&](int i) { return reinterpret_cast<uint32_t *>(smem + M::NS * M::stage_bytes + i * M::q_bytes); };
+  auto q_scale_of = [&](int i) { return reinterpret_cast<float *>(q_frag_of(i) + M::q_words); };
+  const uint32_t *q_frag = q_frag_of(mt);
+  const float *q_scale_sm = q_scale_of(mt);
   const PkvPool &pool = p.pool;
   const uint32_t group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group;
   const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
@@ -212,62 +239,42 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     const uint32_t length = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq];
     // Query row r of this tile: (token, head of the group), or nothing past the group's rows.
     auto q_head = [&](uint32_t r) {
-      const uint32_t row = z * ROWS + r, tok = row / group;
+      const uint32_t row = z * block_rows + r, tok = row / group;
       return (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + row % group;
     };
-    auto row_valid = [&](uint32_t r) { return z * ROWS + r < rows; };
-    auto q_value = [&](uint32_t r, uint32_t d) {
-      return row_valid(r) ? load_io(p.q_format, reinterpret_cast<const void *>(p.q), q_head(r) * D + d) * q_mul : 0.0f;
-    };
-
-    // q as MMA A-fragments. Word `reg` of lane (g, t) for a 16-wide k-step holds row g + 8 (reg & 1),
-    // columns 2t, 2t + 1 (+ 8 when reg >= 2); for int8 k32 steps 4t .. 4t + 3 (+ 16).
-    if constexpr (K::quantized) {
-      // Two int8 parts per (row, group): q ~ s1 q1 + s2 q2, q2 quantizing what q1 missed, so the
-      // dot product keeps ~14 bits of q.
-      for (int e = tid; e < M::GROUPS * ROWS; e += THREADS) {
-        const int g = e / ROWS, r = e % ROWS;
-        float v[32];
+    auto row_valid = [&](uint32_t r) { return z * block_rows + r < rows; };
+    // Values [d0, d0 + N) of query row r, scaled to log2 units (zeros past the rows).
+    auto q_values = [&](uint32_t r, uint32_t d0, auto &out) {
+      constexpr int N = sizeof(out) / sizeof(out[0]);
+      if (!row_valid(r)) {
 #pragma unroll
-        for (int i = 0; i < 32; i++) v[i] = q_value(r, g * 32 + i);
+        for (int i = 0; i < N; i++) out[i] = 0.0f;
+        return;
+      }
+      const uint64_t at = q_head(r) * D + d0;
+      if (p.q_aligned && p.q_format != F32) { // 16-byte loads of 8 values
+        const uint4 *src = reinterpret_cast<const uint4 *>(reinterpret_cast<const uint16_t *>(p.q) + at);
 #pragma unroll
-        for (int part = 0; part < 2; part++) {
-          float amax = 0.0f;
+        for (int i = 0; i < N / 8; i++) {
+          const uint4 raw = src[i];
+          const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-          for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
-          const float qs = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-          q_scale_sm[(part * M::GROUPS + g) * ROWS + r] = qs;
-#pragma unroll
-          for (int k = 0; k < 8; k++) { // four values a word
-            uint32_t w = 0;
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-              const int q = __float2int_rn(v[4 * k + b] * inv);
-              w |= uint32_t(uint8_t(int8_t(q))) << (8 * b);
-              v[4 * k + b] -= float(q) * qs;
-            }
-            const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
-            q_frag[((part * M::GROUPS + g) * 32 + ln) * 4 + reg] = w;
+          for (int j = 0; j < 8; j++) {
+            const uint16_t h = uint16_t(w[j / 2] >> (16 * (j % 2)));
+            out[8 * i + j] = (p.q_format == F16 ? half_to_float(h) : bf16_to_float(h)) * q_mul;
           }
         }
-      }
-    } else {
-      for (int e = tid; e < M::KSTEPS * ROWS; e += THREADS) {
-        const int kk = e / ROWS, r = e % ROWS;
+      } else {
 #pragma unroll
-        for (int k = 0; k < 8; k++) { // two values a word
-          const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
-          split_pair<KF == F16, M::SPLIT>(q_value(r, kk * 16 + 2 * k), q_value(r, kk * 16 + 2 * k + 1),
-                                            &q_frag[(kk * 32 + ln) * 4 + reg], M::KSTEPS * 32 * 4);
-        }
+        for (int i = 0; i < N; i++) out[i] = load_io(p.q_format, reinterpret_cast<const void *>(p.q), at + i) * q_mul;
       }
-    }
+    };
 
     // Positions each of this thread's two rows (gid, gid + 8) sees.
     uint32_t visible[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      const uint32_t r = gid + 8 * i, tok = (z * ROWS + r) / group;
+      const uint32_t r = mt * ROWS + gid + 8 * i, tok = (z * block_rows + r) / group;
       visible[i] = row_valid(r) ? length - p.q_tokens + tok + 1 : 0;
     }
 
@@ -276,14 +283,15 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     const uint32_t n = c.token_end - c.token_begin;
     const int tiles = int((n + TILE - 1) / TILE);
 
-    // Queues tile `tile` into its stage: warps 0-1 copy the K rows, warps 2-3 the V rows.
+    // Queues tile `tile` into its stage: warps 0-1 copy the K rows, warps 2-3 the V rows (the first
+    // row tile's warps; every thread commits, so the group counts agree).
     const RowSource source{layer_base, table, &pool, h, c.token_end};
     auto issue = [&](int tile) {
       if (tile < tiles) {
         uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
         const uint32_t t0 = c.token_begin + tile * TILE;
         if (tid < TILE) copy_rows<K>(stage, source, t0, 0, pool.k.scale_offset, tid);
-        else copy_rows<V>(stage + TILE * K::stride, source, t0, pool.k_bytes, pool.v.scale_offset, tid - TILE);
+        else if (tid < 2 * TILE) copy_rows<V>(stage + TILE * K::stride, source, t0, pool.k_bytes, pool.v.scale_offset, tid - TILE);
       }
       cp_async_commit();
     };
@@ -295,13 +303,60 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 
 #pragma unroll
     for (int s = 0; s < M::NS - 1; s++) issue(s);
+
+    // While the first stages load: q as MMA A-fragments. Word `reg` of lane (g, t) for a 16-wide
+    // k-step holds row g + 8 (reg & 1), columns 2t, 2t + 1 (+ 8 when reg >= 2); for int8 k32 steps
+    // 4t .. 4t + 3 (+ 16).
+    if constexpr (K::quantized) {
+      // Two int8 parts per (row, group): q ~ s (128 q1 + q2), q1 = round(q / 128 s) and q2 quantizing
+      // what q1 missed (|q2| <= 64), so the dot product keeps ~15 bits of q and the two int32 dot
+      // products combine exactly before one conversion to float.
+      for (int e = tid; e < MT * M::GROUPS * ROWS; e += threads) {
+        const int i_tile = e / (M::GROUPS * ROWS), g = e / ROWS % M::GROUPS, r = e % ROWS;
+        uint32_t *frag = q_frag_of(i_tile);
+        float v[32], amax = 0.0f;
+        q_values(i_tile * ROWS + r, g * 32, v);
+#pragma unroll
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f; // q1 steps of amax / 127
+        q_scale_of(i_tile)[g * ROWS + r] = amax / (127.0f * 128.0f);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { // four values a word
+          uint32_t w[2] = {0, 0};
+#pragma unroll
+          for (int b = 0; b < 4; b++) {
+            const float x = v[4 * k + b] * inv;
+            const int q1 = __float2int_rn(x), q2 = __float2int_rn((x - float(q1)) * 128.0f);
+            w[0] |= uint32_t(uint8_t(int8_t(q1))) << (8 * b);
+            w[1] |= uint32_t(uint8_t(int8_t(q2))) << (8 * b);
+          }
+          const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
+#pragma unroll
+          for (int part = 0; part < 2; part++) frag[((part * M::GROUPS + g) * 32 + ln) * 4 + reg] = w[part];
+        }
+      }
+    } else {
+      for (int e = tid; e < MT * M::KSTEPS * ROWS; e += threads) {
+        const int i_tile = e / (M::KSTEPS * ROWS), kk = e / ROWS % M::KSTEPS, r = e % ROWS;
+        float v[16];
+        q_values(i_tile * ROWS + r, kk * 16, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { // two values a word
+          const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
+          split_pair<KF == F16>(v[2 * k], v[2 * k + 1], &q_frag_of(i_tile)[(kk * 32 + ln) * 4 + reg], M::KSTEPS * 32 * 4);
+        }
+      }
+    }
+
     for (int tile = 0; tile < tiles; tile++) {
       issue(tile + M::NS - 1);
       cp_async_wait<M::NS - 1>();
       __syncthreads();
       const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
-      const uint8_t *k_rows = stage + warp * SUB * K::stride, *v_rows = stage + TILE * K::stride + warp * SUB * V::stride;
-      const uint32_t t_warp = c.token_begin + tile * TILE + warp * SUB;
+      {
+      const int sub = slice; // this warp's 16 tokens of the stage
+      const uint8_t *k_rows = stage + sub * SUB * K::stride, *v_rows = stage + TILE * K::stride + sub * SUB * V::stride;
+      const uint32_t t_warp = c.token_begin + tile * TILE + sub * SUB;
 
       // S for this warp's 16 tokens: n-tile j holds tokens 8j .. 8j + 7; thread: rows gid, gid + 8,
       // tokens 8j + 2 tig, + 1.
@@ -310,14 +365,12 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 #pragma unroll
         for (int g = 0; g < M::GROUPS; g++) {
           uint32_t a[2][4];
-          float qs[2][2]; // [part][row gid, gid + 8]
 #pragma unroll
           for (int part = 0; part < 2; part++) {
             const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(part * M::GROUPS + g) * 32 + lane];
             a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
-            qs[part][0] = q_scale_sm[(part * M::GROUPS + g) * ROWS + gid];
-            qs[part][1] = q_scale_sm[(part * M::GROUPS + g) * ROWS + gid + 8];
           }
+          const float qs[2] = {q_scale_sm[g * ROWS + gid], q_scale_sm[g * ROWS + gid + 8]};
 #pragma unroll
           for (int j = 0; j < 2; j++) {
             const uint8_t *kr = k_rows + (8 * j + gid) * K::stride;
@@ -328,8 +381,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
             const float ks[2] = {K::scale(k_rows + (8 * j + 2 * tig) * K::stride, g),
                                  K::scale(k_rows + (8 * j + 2 * tig + 1) * K::stride, g)};
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-              s[j][e] += (float(acc[0][e]) * qs[0][e / 2] + float(acc[1][e]) * qs[1][e / 2]) * ks[e & 1];
+            for (int e = 0; e < 4; e++) s[j][e] += float(acc[0][e] * 128 + acc[1][e]) * (qs[e / 2] * ks[e & 1]);
           }
         }
       } else {
@@ -406,14 +458,13 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
             w[i] = quad<VF>(v_rows + k_tok[i] * V::stride, g, gid);
           }
           uint32_t a[M::SPLIT][4];
-          split_pair<false, M::SPLIT>(pr[0][0] * vs[0], pr[0][1] * vs[1], &a[0][0], 4);
-          split_pair<false, M::SPLIT>(pr[0][2] * vs[0], pr[0][3] * vs[1], &a[0][1], 4);
-          split_pair<false, M::SPLIT>(pr[1][0] * vs[2], pr[1][1] * vs[3], &a[0][2], 4);
-          split_pair<false, M::SPLIT>(pr[1][2] * vs[2], pr[1][3] * vs[3], &a[0][3], 4);
+          split_pair<false>(pr[0][0] * vs[0], pr[0][1] * vs[1], &a[0][0], 4);
+          split_pair<false>(pr[0][2] * vs[0], pr[0][3] * vs[1], &a[0][1], 4);
+          split_pair<false>(pr[1][0] * vs[2], pr[1][1] * vs[3], &a[0][2], 4);
+          split_pair<false>(pr[1][2] * vs[2], pr[1][3] * vs[3], &a[0][3], 4);
 #pragma unroll
           for (int t = 0; t < 4; t++) {
-            auto value = [&](int i) { return float(int8_t(w[i] >> (8 * t))); };
-            const uint32_t b0 = pack_bf16(value(0), value(1)), b1 = pack_bf16(value(2), value(3));
+            const uint32_t b0 = int8_pair_bf16(w[0], w[1], t), b1 = int8_pair_bf16(w[2], w[3], t);
 #pragma unroll
             for (int sp = 0; sp < M::SPLIT; sp++) mma16<false>(o[4 * g + t], a[sp], b0, b1);
           }
@@ -421,10 +472,10 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
       } else {
         constexpr bool f16 = VF == F16;
         uint32_t a[M::SPLIT][4];
-        split_pair<f16, M::SPLIT>(pr[0][0], pr[0][1], &a[0][0], 4);
-        split_pair<f16, M::SPLIT>(pr[0][2], pr[0][3], &a[0][1], 4);
-        split_pair<f16, M::SPLIT>(pr[1][0], pr[1][1], &a[0][2], 4);
-        split_pair<f16, M::SPLIT>(pr[1][2], pr[1][3], &a[0][3], 4);
+        split_pair<f16>(pr[0][0], pr[0][1], &a[0][0], 4);
+        split_pair<f16>(pr[0][2], pr[0][3], &a[0][1], 4);
+        split_pair<f16>(pr[1][0], pr[1][1], &a[0][2], 4);
+        split_pair<f16>(pr[1][2], pr[1][3], &a[0][3], 4);
 #pragma unroll
         for (int nt = 0; nt < M::NT; nt += 2) {
           uint32_t b[4];
@@ -435,6 +486,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
             mma16<f16>(o[nt + 1], a[sp], b[2], b[3]);
           }
         }
+      }
       }
       __syncthreads(); // the stage is refilled next
     }
@@ -448,7 +500,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     }
     __syncthreads();
     float *co = reinterpret_cast<float *>(smem);            // [WARPS][ROWS][CO_STRIDE]
-    float *cm = co + WARPS * ROWS * M::CO_STRIDE, *cl = cm + WARPS * ROWS; // [WARPS][ROWS]
+    float *cm = co + MT * WARPS * ROWS * M::CO_STRIDE, *cl = cm + MT * WARPS * ROWS; // [warp][ROWS]
 #pragma unroll
     for (int nt = 0; nt < M::NT; nt++)
 #pragma unroll
@@ -469,16 +521,16 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     const bool split = c.part != kNoPart;
     const uint32_t first_chunk = reinterpret_cast<const uint32_t *>(p.seq_chunks)[c.seq];
     const uint32_t first_part = split ? c.part - (ci - first_chunk) : 0;
-    const uint32_t my_rows = min(uint32_t(ROWS), rows - z * ROWS);
-    for (uint32_t e = tid; e < my_rows * D; e += THREADS) {
-      const uint32_t r = e / D, d = e % D;
+    const uint32_t my_rows = min(block_rows, rows - z * block_rows);
+    for (uint32_t e = tid; e < my_rows * D; e += threads) {
+      const uint32_t rb = e / D, d = e % D, r = rb % ROWS, w0 = rb / ROWS * WARPS; // warps w0.. hold row rb
       float top = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < WARPS; w++) top = fmaxf(top, cm[w * ROWS + r]);
+      for (int w = w0; w < w0 + WARPS; w++) top = fmaxf(top, cm[w * ROWS + r]);
       float sum = 0.0f, acc = 0.0f;
       if (top != -INFINITY) {
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) {
+        for (int w = w0; w < w0 + WARPS; w++) {
           const float weight = exp2f(cm[w * ROWS + r] - top);
           sum += weight * cl[w * ROWS + r];
           acc += weight * co[(w * ROWS + r) * M::CO_STRIDE + d];
@@ -486,7 +538,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
       }
       const float value = sum > 0.0f ? acc / sum : 0.0f;
       const float lse = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log
-      const uint64_t head = q_head(r);
+      const uint64_t head = q_head(rb);
       if (!split) {
         store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, value);
         if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
@@ -511,7 +563,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
         __threadfence();
         const float *part_out = reinterpret_cast<const float *>(p.part_out);
         const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
-        for (uint32_t e = tid; e < my_rows * D; e += THREADS) {
+        for (uint32_t e = tid; e < my_rows * D; e += threads) {
           const uint32_t r = e / D, d = e % D;
           const uint64_t head = q_head(r), in_seq = head - uint64_t(c.seq) * p.q_tokens * p.q_heads;
           auto part = [&](uint32_t k) { return uint64_t(first_part + k) * p.q_tokens * p.q_heads + in_seq; };
@@ -537,7 +589,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 
 // pkv_decode_mma_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.
 #define PKV_MMA(D, KF, VF)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(THREADS) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
+  extern "C" __global__ void __launch_bounds__(2 * THREADS) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
     decode_mma<D, KF, VF>(p);                                                                                \
   }
 #define PKV_MMA_V(D, KF) PKV_MMA(D, KF, 2) PKV_MMA(D, KF, 3) PKV_MMA(D, KF, 4) PKV_MMA(D, KF, 5)

@@ -83,9 +83,11 @@ typedef struct PkvDecodeParams {
   uint64_t counters;   /* uint32_t [parts][kv_heads][row_tiles], zero between calls: finished chunks */
   uint32_t layer, count, q_heads, n_chunks; /* count and n_chunks as planned on the host (the older kernels) */
   uint32_t q_tokens;   /* query token t of a sequence of length L sees positions [0, L - q_tokens + t] */
-  uint32_t row_tiles;  /* tiles of PKV_MMA_ROWS query rows per KV head (the tensor-core kernel) */
+  uint32_t row_tiles;  /* blocks' tiles of query rows per KV head */
   uint32_t q_format, out_format;
   float scale;
+  uint32_t mtiles;     /* tensor-core kernel: tiles of PKV_MMA_ROWS query rows a block serves, 1 or 2 */
+  uint32_t q_aligned;  /* q is 16-byte aligned: rows are read 16 bytes at a time */
   uint32_t reserved;
 } PkvDecodeParams;
 
@@ -107,8 +109,8 @@ typedef struct PkvReadParams {
 #define PKV_FAST_STAGES 4
 #define PKV_FAST_MAX_THREADS 256
 
-/* The tensor-core kernels (decode_mma.cu): warps of a block, each taking PKV_MMA_TOKENS tokens of a
- * shared-memory stage; query rows a block serves (one MMA tile). */
+/* The tensor-core kernels (decode_mma.cu): warps per tile of PKV_MMA_ROWS query rows (a block serves
+ * one or two tiles), each warp taking PKV_MMA_TOKENS tokens of a shared-memory stage. */
 #define PKV_MMA_WARPS 4
 #define PKV_MMA_TOKENS 16
 #define PKV_MMA_ROWS 16
