@@ -1,7 +1,8 @@
 // Device pointers, as engines pass them: K/V rows written from device memory, rows read back into
 // it, q, out and lse in it. The results must be the same bits as the same calls with host pointers.
-// Skipped (visibly) unless the backend in use is CUDA; device memory comes from the CUDA driver
-// through the library's own loader sources, compiled into this test.
+// Skipped (visibly) unless the backend in use is CUDA, or HIP on the test stand-in for the HIP runtime
+// (PKV_TEST_HIP_STANDIN set: its device memory is the CUDA driver's too); device memory comes from the
+// CUDA driver through the library's own loader sources, compiled into this test.
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +12,7 @@ extern "C" {
 }
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -81,7 +83,7 @@ void device_pointers_match_host_pointers(void **) {
   pu_open(&d, &ctx, &host_pool);
   pkv_backend backend;
   check(pkv_context_backend(ctx, &backend));
-  if (backend != PKV_BACKEND_CUDA) {
+  if (backend != PKV_BACKEND_CUDA && !(backend == PKV_BACKEND_HIP && std::getenv("PKV_TEST_HIP_STANDIN"))) {
     pu_close(ctx, host_pool);
     skip();
   }
