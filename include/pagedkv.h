@@ -309,6 +309,23 @@ typedef struct pkv_decode_args {
 
 PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args);
 
+/* Decode inside a captured CUDA graph. pkv_decode_prepare does everything of pkv_decode except the
+ * attention itself: it applies queued page-table changes and puts the batch's split-K plan (its
+ * sequences, lengths and chunks) into the pool's plan buffer on the device; q, out and lse are not
+ * read. A pkv_decode of the same batch (same sequences with the same lengths, same q_tokens and
+ * chunk_pages) that follows then only launches kernels: no upload, no allocation, no host
+ * synchronisation, and every address it reads is fixed for the pool's life.
+ *
+ * So an engine on the CUDA backend with memory = PKV_MEMORY_DEVICE may capture its decode calls in a
+ * graph on the context's stream (pkv_context_desc.stream): call pkv_decode_prepare, capture the
+ * pkv_decode calls of the step, and later, after appending and writing new tokens, call
+ * pkv_decode_prepare with the new state of the batch and replay the graph: the replay decodes the
+ * prepared batch. Keep count, q_heads, q_tokens, the formats and the q/out/lse buffers of the capture.
+ * A pkv_decode that would need an upload while its stream is capturing fails with
+ * PKV_ERR_INVALID_ARGUMENT and changes nothing. On the CPU backend pkv_decode_prepare only applies
+ * the table changes. */
+PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *args);
+
 /* ---------------------------------------------------------------------------------------------------
  * 8. Statistics and format helpers
  * ------------------------------------------------------------------------------------------------- */
@@ -346,7 +363,7 @@ PKV_API size_t pkv_format_row_bytes(pkv_format format, size_t n);
  * serves every caller that asks for a version from 1 to N. Entries are named after the functions
  * without their pkv_ prefix; version 1's follow this header's order. docs/abi.md states the rules.
  * ------------------------------------------------------------------------------------------------- */
-#define PKV_API_VERSION 1
+#define PKV_API_VERSION 2
 
 typedef struct pkv_api {
   uint32_t struct_size; /* sizeof the library's table */
@@ -379,6 +396,8 @@ typedef struct pkv_api {
   pkv_status (*convert_from_f32)(pkv_format dst_format, const float *src, size_t n, void *dst);
   pkv_status (*convert_to_f32)(pkv_format src_format, const void *src, size_t n, float *dst);
   size_t (*format_row_bytes)(pkv_format format, size_t n);
+  /* version 2 */
+  pkv_status (*decode_prepare)(pkv_pool *pool, const pkv_decode_args *args);
 } pkv_api;
 
 /* Sets *out to the library's table when it offers `version` (from 1 to the library's PKV_API_VERSION;

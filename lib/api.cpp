@@ -267,6 +267,13 @@ PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args) {
   });
 }
 
+PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    p.decode_prepare(read_struct(args, "args"));
+  });
+}
+
 PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);

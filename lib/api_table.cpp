@@ -37,6 +37,7 @@ constexpr pkv_api make_table() {
   t.convert_from_f32 = pkv_convert_from_f32;
   t.convert_to_f32 = pkv_convert_to_f32;
   t.format_row_bytes = pkv_format_row_bytes;
+  t.decode_prepare = pkv_decode_prepare;
   return t;
 }
 

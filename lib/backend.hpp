@@ -63,16 +63,23 @@ struct DecodeBatch {
   const uint32_t *seq_slots; // host, count
   const uint32_t *lengths;   // host, count
   const DecodePlan *plan;
+  // The pool's plan buffer (PoolGeometry::plan) already holds this plan for these seq_slots, so the
+  // call need not upload it.
+  bool plan_resident;
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual pkv_backend kind() const = 0;
-  // How many work items run at once, and the shortest chunk worth a work item of its own: what the
-  // planner splits contexts by.
-  virtual uint32_t workers() const = 0;
+  // How many work items run at once for a pool's decode with `rows` query rows per KV head (threads;
+  // multiprocessors times the decode kernel's blocks per multiprocessor), and the shortest chunk
+  // worth a work item of its own: what the planner splits contexts by.
+  virtual uint32_t workers(const PoolGeometry &g, uint32_t rows) = 0;
   virtual uint32_t min_chunk_tokens() const = 0;
+  // What a pool's plan buffer holds, and its bytes (0: the backend keeps no plan buffer).
+  virtual PlanLimits plan_limits(const PoolGeometry &) { return {}; }
+  virtual uint64_t plan_buffer_bytes(const PoolGeometry &) { return 0; }
 
   // Throws PKV_ERR_OUT_OF_MEMORY when the device has too little. Memory need not be zeroed.
   virtual DevPtr alloc(uint64_t bytes) = 0;
@@ -82,6 +89,9 @@ class Backend {
   virtual void scatter(const PoolGeometry &g, const ScatterArgs &args) = 0;
   // Synchronous: the rows are in place on return.
   virtual void gather(const PoolGeometry &g, const GatherArgs &args) = 0;
+  // Applies the batch's table changes and puts its plan into the pool's plan buffer, launching
+  // nothing: a decode of the same batch that follows needs no upload.
+  virtual void prepare_decode(const PoolGeometry &g, const DecodeBatch &batch) = 0;
   virtual void decode(const PoolGeometry &g, const DecodeBatch &batch) = 0;
   virtual void synchronize() = 0;
   // GB/s of a read-only pass over `bytes` (0: the backend's default size), best of several passes.

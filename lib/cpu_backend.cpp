@@ -116,7 +116,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(uint32_t threads) : workers_(threads) {}
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
-  uint32_t workers() const override { return workers_.threads(); }
+  uint32_t workers(const PoolGeometry &, uint32_t) override { return workers_.threads(); }
   // A work item costs a thread hand-off: worth it for a few hundred tokens.
   uint32_t min_chunk_tokens() const override { return 256; }
 
@@ -176,6 +176,8 @@ class CpuBackend final : public Backend {
       }
     });
   }
+
+  void prepare_decode(const PoolGeometry &g, const DecodeBatch &b) override { apply(g, b.table); }
 
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {
     apply(g, b.table);

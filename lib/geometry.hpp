@@ -20,6 +20,7 @@ struct PoolGeometry {
   uint64_t block_bytes; // k.bytes + v.bytes
   DevPtr base;          // the pages
   DevPtr table;         // uint32_t [max_sequences][table_stride]
+  DevPtr plan;          // the backend's decode plan buffer, or 0 (Backend::plan_buffer_bytes)
 
   uint64_t block_offset(uint32_t layer, uint32_t page) const {
     return (uint64_t(layer) * pages + page) * block_bytes;

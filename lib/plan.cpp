@@ -1,40 +1,112 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 namespace pkv {
 
 namespace {
 
-// Work items per worker that keep every worker busy despite uneven lengths.
-constexpr uint64_t kItemsPerWorker = 4;
+// The most rounds of work items the planner considers: past that, chunks are short enough.
+constexpr uint64_t kMaxWaves = 4;
 
 uint64_t pages_of(uint64_t tokens, uint32_t page_size) { return (tokens + page_size - 1) / page_size; }
 
-// Split only as far as needed to give every worker a few (sequence, KV head, chunk) items, never
-// below the backend's shortest worthwhile chunk: a long sequence then gets proportionally more
-// chunks, and short ones beside it stay whole.
-uint64_t choose_chunk_pages(const PlanRequest &req) {
-  uint64_t total_pages = 0;
-  for (uint32_t b = 0; b < req.count; b++) total_pages += pages_of(req.lengths[b], req.page_size);
-  const uint64_t want_items = std::max<uint64_t>(1, uint64_t(req.workers) * kItemsPerWorker);
-  const uint64_t chunks_wanted = (want_items + req.kv_heads - 1) / req.kv_heads;
-  const uint64_t min_pages = pages_of(req.min_chunk_tokens, req.page_size);
-  return std::max<uint64_t>(min_pages, (total_pages + chunks_wanted - 1) / std::max<uint64_t>(1, chunks_wanted));
+uint64_t chunks_wanted(uint64_t workers, uint32_t kv_heads) {
+  return (std::max<uint64_t>(1, workers * kMaxWaves) + kv_heads - 1) / kv_heads;
 }
+
+// Chunks of `chunk_pages` over the batch.
+uint64_t chunks_of(const std::vector<uint64_t> &pages, uint64_t chunk_pages) {
+  uint64_t n = 0;
+  for (uint64_t p : pages) n += std::max<uint64_t>(1, (p + chunk_pages - 1) / chunk_pages);
+  return n;
+}
+
+// Every worker runs one (chunk, KV head) item at a time. For w = 1..kMaxWaves rounds of items, the
+// shortest chunk that needs at most w rounds finishes in about w x (chunk + the fixed cost of an item,
+// taken as the shortest worthwhile chunk); the cheapest w wins. One round of equal chunks fills the
+// device exactly when the batch is uniform; long sequences get proportionally more chunks, and short
+// ones beside them stay whole.
+uint64_t choose_chunk_pages(const PlanRequest &req) {
+  std::vector<uint64_t> pages(req.count);
+  uint64_t longest = 1;
+  for (uint32_t b = 0; b < req.count; b++) {
+    pages[b] = pages_of(req.lengths[b], req.page_size);
+    longest = std::max(longest, pages[b]);
+  }
+  const uint64_t min_pages = pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size);
+  const uint64_t slots = std::max<uint64_t>(1, req.workers / std::max<uint32_t>(1, req.kv_heads));
+  uint64_t best = std::max(min_pages, longest), best_cost = UINT64_MAX;
+  for (uint64_t w = 1; w <= kMaxWaves; w++) {
+    const uint64_t cap = w * slots;
+    if (req.count > cap) continue;
+    uint64_t lo = min_pages, hi = std::max(min_pages, longest); // chunks_of(hi) = count <= cap
+    while (lo < hi) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      if (chunks_of(pages, mid) <= cap) hi = mid;
+      else lo = mid + 1;
+    }
+    const uint64_t cost = w * (lo + min_pages);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = lo;
+    }
+  }
+  return best;
+}
+
+struct Counts {
+  uint64_t chunks = 0, parts = 0;
+};
+
+Counts count(const PlanRequest &req, uint64_t chunk_tokens) {
+  Counts n;
+  for (uint32_t b = 0; b < req.count; b++) {
+    const uint64_t c = std::max<uint64_t>(1, (uint64_t(req.lengths[b]) + chunk_tokens - 1) / chunk_tokens);
+    n.chunks += c;
+    if (c > 1) n.parts += c;
+  }
+  return n;
+}
+
+std::atomic<uint64_t> g_generation{0};
 
 } // namespace
 
+PlanLimits chosen_plan_bounds(uint32_t max_sequences, uint32_t kv_heads, uint32_t workers) {
+  // A chosen plan has at most kMaxWaves rounds of chunks (`wanted`), or, when the batch has more
+  // sequences than that, one chunk per sequence; parts belong to split sequences, so they are fewer
+  // than `wanted`.
+  const uint64_t wanted = chunks_wanted(workers, kv_heads);
+  PlanLimits l;
+  l.chunks = uint32_t(std::min<uint64_t>(UINT32_MAX, max_sequences + wanted));
+  l.parts = uint32_t(std::min<uint64_t>(UINT32_MAX, std::max<uint64_t>(2 * wanted, 512)));
+  return l;
+}
+
 DecodePlan make_plan(const PlanRequest &req) {
-  const uint64_t chunk_pages = req.chunk_pages ? req.chunk_pages : choose_chunk_pages(req);
+  uint64_t chunk_pages = req.chunk_pages ? req.chunk_pages : choose_chunk_pages(req);
+  for (;;) {
+    const Counts n = count(req, std::min<uint64_t>(UINT32_MAX, chunk_pages * req.page_size));
+    if ((n.chunks <= req.limits.chunks && n.parts <= req.limits.parts) || chunk_pages >= UINT32_MAX) break;
+    chunk_pages = std::min<uint64_t>(UINT32_MAX, chunk_pages * 2);
+  }
   const uint64_t chunk_tokens = std::min<uint64_t>(UINT32_MAX, chunk_pages * req.page_size);
   DecodePlan plan;
   plan.chunk_tokens = uint32_t(chunk_tokens);
+  plan.generation = ++g_generation;
   plan.seq_chunks.reserve(req.count + 1);
   for (uint32_t b = 0; b < req.count; b++) {
     plan.seq_chunks.push_back(uint32_t(plan.chunks.size()));
-    for (uint64_t t = 0; t < req.lengths[b]; t += chunk_tokens)
-      plan.chunks.push_back({b, uint32_t(t), uint32_t(std::min<uint64_t>(req.lengths[b], t + chunk_tokens))});
+    // An empty sequence gets one empty chunk, so whoever runs the chunk writes its result (0, -inf).
+    const bool split = req.lengths[b] > chunk_tokens;
+    uint64_t t = 0;
+    do {
+      plan.chunks.push_back({b, uint32_t(t), uint32_t(std::min<uint64_t>(req.lengths[b], t + chunk_tokens)),
+                             split ? plan.parts++ : kNoPart});
+      t += chunk_tokens;
+    } while (t < req.lengths[b]);
   }
   plan.seq_chunks.push_back(uint32_t(plan.chunks.size()));
   return plan;
@@ -43,7 +115,8 @@ DecodePlan make_plan(const PlanRequest &req) {
 const DecodePlan &PlanCache::get(const PlanRequest &req) {
   const bool same = valid_ && req.page_size == page_size_ && req.kv_heads == kv_heads_ &&
                     req.chunk_pages == chunk_pages_ && req.workers == workers_ &&
-                    req.min_chunk_tokens == min_chunk_tokens_ && lengths_.size() == req.count &&
+                    req.min_chunk_tokens == min_chunk_tokens_ && req.limits.chunks == limits_.chunks &&
+                    req.limits.parts == limits_.parts && lengths_.size() == req.count &&
                     std::equal(lengths_.begin(), lengths_.end(), req.lengths);
   if (same) return plan_;
   valid_ = false; // stays so if make_plan throws
@@ -54,6 +127,7 @@ const DecodePlan &PlanCache::get(const PlanRequest &req) {
   chunk_pages_ = req.chunk_pages;
   workers_ = req.workers;
   min_chunk_tokens_ = req.min_chunk_tokens;
+  limits_ = req.limits;
   valid_ = true;
   return plan_;
 }

@@ -7,16 +7,30 @@
 
 namespace pkv {
 
+constexpr uint32_t kNoPart = UINT32_MAX;
+
 struct DecodeChunk {
   uint32_t seq;         // index in the batch
   uint32_t token_begin; // [token_begin, token_end) of that sequence; page-aligned boundaries
   uint32_t token_end;
+  uint32_t part;        // where a split sequence's chunk leaves its partial result; kNoPart when the
+                        // sequence has this one chunk and writes the result itself
 };
 
 struct DecodePlan {
   uint32_t chunk_tokens = 0;         // longest chunk
-  std::vector<uint32_t> seq_chunks;  // count + 1 offsets: sequence b owns chunks [seq_chunks[b], seq_chunks[b+1])
+  uint32_t parts = 0;                // chunks of split sequences
+  uint64_t generation = 0;           // differs between any two plans a process makes
+  std::vector<uint32_t> seq_chunks;  // count + 1 offsets: sequence b owns chunks [seq_chunks[b], seq_chunks[b+1]),
+                                     // at least one (an empty sequence's is empty)
   std::vector<DecodeChunk> chunks;
+};
+
+// What a backend can hold of a plan: a GPU keeps plans in fixed device buffers (so a captured graph
+// keeps reading the same addresses); chunks grow beyond the requested size until the plan fits.
+struct PlanLimits {
+  uint32_t chunks = UINT32_MAX;
+  uint32_t parts = UINT32_MAX;
 };
 
 struct PlanRequest {
@@ -27,9 +41,14 @@ struct PlanRequest {
   uint32_t chunk_pages; // 0: choose; UINT32_MAX: never split
   uint32_t workers;     // units that run work items at once (threads, multiprocessors)
   uint32_t min_chunk_tokens; // shorter chunks cost more in merging than they gain in parallelism
+  PlanLimits limits;
 };
 
 DecodePlan make_plan(const PlanRequest &req);
+
+// The most chunks and parts a plan of the planner's own choice has for a batch of up to
+// max_sequences: a GPU backend sizes its plan buffers by this, so chosen plans always fit.
+PlanLimits chosen_plan_bounds(uint32_t max_sequences, uint32_t kv_heads, uint32_t workers);
 
 // The last plan made and what it was made from: an engine decodes every layer of a step with the same
 // batch, so all but the first layer's call reuse it.
@@ -41,6 +60,7 @@ class PlanCache {
   DecodePlan plan_;
   std::vector<uint32_t> lengths_;
   uint32_t page_size_ = 0, kv_heads_ = 0, chunk_pages_ = 0, workers_ = 0, min_chunk_tokens_ = 0;
+  PlanLimits limits_;
   bool valid_ = false;
 };
 

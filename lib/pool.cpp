@@ -57,20 +57,26 @@ pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
       seqs_(desc.max_sequences),
       max_length_(std::min<uint64_t>(desc.max_sequence_length ? desc.max_sequence_length : UINT32_MAX,
                                      uint64_t(desc.pages) * desc.page_size)) {
-  geometry_.base = ctx_->backend->alloc(geometry_.total_bytes());
+  pkv::Backend &b = *ctx_->backend;
   try {
-    geometry_.table = ctx_->backend->alloc(geometry_.table_bytes());
+    geometry_.base = b.alloc(geometry_.total_bytes());
+    geometry_.table = b.alloc(geometry_.table_bytes());
+    const uint64_t plan_bytes = b.plan_buffer_bytes(geometry_);
+    if (plan_bytes) geometry_.plan = b.alloc(plan_bytes);
   } catch (...) {
-    ctx_->backend->release(geometry_.base);
+    release_memory();
     throw;
   }
   ctx_->pools++;
 }
 
 pkv_pool::~pkv_pool() {
-  ctx_->backend->release(geometry_.table);
-  ctx_->backend->release(geometry_.base);
+  release_memory();
   ctx_->pools--;
+}
+
+void pkv_pool::release_memory() noexcept {
+  for (pkv::DevPtr p : {geometry_.plan, geometry_.table, geometry_.base}) ctx_->backend->release(p);
 }
 
 pkv::TableUpdates pkv_pool::table_updates() {
@@ -287,7 +293,11 @@ void pkv_pool::read(const pkv_read_args &a) {
   pending_.clear();
 }
 
-void pkv_pool::decode(const pkv_decode_args &a) {
+void pkv_pool::decode(const pkv_decode_args &a) { run_decode(a, true); }
+
+void pkv_pool::decode_prepare(const pkv_decode_args &a) { run_decode(a, false); }
+
+void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   check_layer(geometry_, a.layer);
   if (a.q_heads == 0 || a.q_heads % geometry_.kv_heads != 0)
     fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", a.q_heads,
@@ -302,8 +312,10 @@ void pkv_pool::decode(const pkv_decode_args &a) {
   check_memory(a.memory);
   if (a.count == 0) return;
   check_pointer(a.seqs, "seqs");
-  check_pointer(a.q, "q");
-  check_pointer(a.out, "out");
+  if (launch) {
+    check_pointer(a.q, "q");
+    check_pointer(a.out, "out");
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
@@ -314,9 +326,11 @@ void pkv_pool::decode(const pkv_decode_args &a) {
       fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u] holds %u tokens, fewer than q_tokens %u: append and write the query "
            "tokens first", i, lengths[i], a.q_tokens);
   }
-  const pkv::DecodePlan &plan = plans_.get(
-      {lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages, ctx_->backend->workers(),
-       ctx_->backend->min_chunk_tokens()});
+  pkv::Backend &backend = *ctx_->backend;
+  const pkv::DecodePlan &plan =
+      plans_.get({lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages,
+                  backend.workers(geometry_, a.q_tokens * (a.q_heads / geometry_.kv_heads)),
+                  backend.min_chunk_tokens(), backend.plan_limits(geometry_)});
 
   pkv::DecodeBatch batch{};
   batch.table = table_updates();
@@ -334,8 +348,13 @@ void pkv_pool::decode(const pkv_decode_args &a) {
   batch.seq_slots = slots.data();
   batch.lengths = lengths.data();
   batch.plan = &plan;
-  ctx_->backend->decode(geometry_, batch);
+  batch.plan_resident = plan.generation == resident_plan_ && slots == resident_slots_;
+  resident_plan_ = 0; // unknown until the call below succeeds
+  if (launch) backend.decode(geometry_, batch);
+  else backend.prepare_decode(geometry_, batch);
   pending_.clear();
+  resident_plan_ = plan.generation;
+  resident_slots_ = slots;
 }
 
 pkv_pool_stats pkv_pool::stats() {

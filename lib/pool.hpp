@@ -30,6 +30,8 @@ struct pkv_pool {
   void write(const pkv_write_args &args);
   void read(const pkv_read_args &args);
   void decode(const pkv_decode_args &args);
+  // Applies queued page-table changes and puts the batch's plan on the device without decoding.
+  void decode_prepare(const pkv_decode_args &args);
   pkv_pool_stats stats();
 
   const pkv::PoolGeometry &geometry() const { return geometry_; }
@@ -48,6 +50,8 @@ struct pkv_pool {
   // The queued page-table changes, last write per entry kept, ready for the next device operation.
   pkv::TableUpdates table_updates();
   // A scatter's or gather's common part: rows to or from `slots`, with the queued table changes.
+  void run_decode(const pkv_decode_args &args, bool launch);
+  void release_memory() noexcept;
   pkv::RowTransfer transfer(uint32_t layer, const std::vector<pkv::RowSlot> &slots, pkv_format format,
                             pkv_memory memory);
 
@@ -61,4 +65,7 @@ struct pkv_pool {
   uint64_t max_length_;
   std::vector<pkv::TableEntry> pending_;
   pkv::PlanCache plans_; // under mu_, like everything the pool's calls touch
+  // The plan in the backend's plan buffer (its generation; 0 when unknown) and the slots it was for.
+  uint64_t resident_plan_ = 0;
+  std::vector<uint32_t> resident_slots_;
 };

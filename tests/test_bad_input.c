@@ -323,6 +323,7 @@ static pkv_status try_pool(fixture *f, const pkv_pool_desc *d) {
 #define WRITE(fn, ...) EDIT(fn, pkv_write_args, good_write(f), pkv_write(f->pool, &a), __VA_ARGS__)
 #define READ(fn, ...) EDIT(fn, pkv_read_args, good_read(f), pkv_read(f->pool, &a), __VA_ARGS__)
 #define DECODE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode(f->pool, &a), __VA_ARGS__)
+#define PREPARE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode_prepare(f->pool, &a), __VA_ARGS__)
 
 /* struct_size: 0, just the size field, all but the last field, one byte short of it, or larger than this
  * header's struct with the extra bytes zero (a newer caller's fields at their defaults). */
@@ -528,6 +529,19 @@ DECODE(decode_scale_negative, a.scale = -0.125f)
 DECODE(decode_scale_nan, a.scale = NAN)
 DECODE(decode_scale_inf, a.scale = INFINITY)
 DECODE(decode_scale_minus_inf, a.scale = -INFINITY)
+
+/* Decode prepare: the decode's checks except q and out, which it does not read */
+CALL(prepare_pool_null, pkv_decode_args a = good_decode(f); return pkv_decode_prepare(NULL, &a))
+CALL(prepare_args_null, return pkv_decode_prepare(f->pool, NULL))
+SIZED(prepare_sized, pkv_decode_args, chunk_pages, good_decode(f), pkv_decode_prepare(f->pool, a))
+PREPARE(prepare_layer_past_end, a.layer = LAYERS)
+PREPARE(prepare_seqs_null, a.seqs = NULL)
+PREPARE(prepare_freed, pkv_seq s[3] = {f->a, f->b, f->freed}; a.seqs = s)
+PREPARE(prepare_other_pool, pkv_seq s[3] = {f->a, f->b, f->other}; a.seqs = s)
+PREPARE(prepare_q_heads_3, a.q_heads = 3)
+PREPARE(prepare_q_tokens_past_length, a.q_tokens = 4)
+PREPARE(prepare_scale_nan, a.scale = NAN)
+PREPARE(prepare_memory_unknown, a.memory = (pkv_memory)5)
 DECODE(decode_q_q8_0, a.q_format = PKV_FORMAT_Q8_0)
 DECODE(decode_q_invalid, a.q_format = PKV_FORMAT_INVALID)
 DECODE(decode_out_q4_0, a.out_format = PKV_FORMAT_Q4_0)
@@ -733,6 +747,18 @@ static const bad_case cases[] = {
     BAD(decode_memory_negative, INVALID),
     OK(decode_count_0_null),
 
+    BAD(prepare_pool_null, INVALID),
+    BAD(prepare_args_null, INVALID),
+    SIZES(prepare_sized, 0),
+    BAD(prepare_layer_past_end, INVALID),
+    BAD(prepare_seqs_null, INVALID),
+    BAD(prepare_freed, STALE),
+    BAD(prepare_other_pool, STALE),
+    BAD(prepare_q_heads_3, INVALID),
+    BAD(prepare_q_tokens_past_length, INVALID),
+    BAD(prepare_scale_nan, INVALID),
+    BAD(prepare_memory_unknown, INVALID),
+
     BAD(from_f32_invalid, INVALID),
     BAD(from_f32_unknown, INVALID),
     BAD(from_f32_negative, INVALID),
@@ -792,6 +818,9 @@ static void valid_calls_succeed(void **state) {
   CHECK_OK(pkv_pool_get_stats(f->pool, &stats));
   CHECK_OK(pkv_read(f->pool, &r));
   CHECK_OK(pkv_decode(f->pool, &d));
+  d.q = NULL; /* prepare reads neither q nor out */
+  d.out = NULL;
+  CHECK_OK(pkv_decode_prepare(f->pool, &d));
   CHECK_OK(pkv_write(f->pool, &w));
   CHECK_OK(pkv_convert_from_f32(PKV_FORMAT_Q4_0, conv_src, 64, conv_dst));
   CHECK_OK(pkv_convert_to_f32(PKV_FORMAT_Q8_0, conv_dst, 32, conv_src));

@@ -1,5 +1,7 @@
 // Device pointers, as engines pass them: K/V rows written from device memory, rows read back into
 // it, q, out and lse in it. The results must be the same bits as the same calls with host pointers.
+// And decode captured in a CUDA graph on the engine's stream: replayed after the batch grew (and
+// pkv_decode_prepare put the new plan on the device), it must give the same bits as a direct call.
 // Skipped (visibly) unless the backend in use is CUDA, or HIP on the test stand-in for the HIP runtime
 // (PKV_TEST_HIP_STANDIN set: its device memory is the CUDA driver's too); device memory comes from the
 // CUDA driver through the library's own loader sources, compiled into this test.
@@ -163,9 +165,145 @@ void device_pointers_match_host_pointers(void **) {
   pu_close(ctx, host_pool);
 }
 
+// Appends n[b] tokens of fresh random K/V to each sequence and writes them into every layer.
+void grow(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n, uint32_t count, uint32_t layers, uint32_t width,
+          tu_rng *rng) {
+  check(pkv_append(pool, seqs, n, count));
+  size_t rows = 0;
+  for (uint32_t b = 0; b < count; b++) rows += n[b];
+  std::vector<float> k(rows * width), v(rows * width);
+  for (uint32_t layer = 0; layer < layers; layer++) {
+    for (float &x : k) x = float(tu_uniform(rng, -2, 2));
+    for (float &x : v) x = float(tu_uniform(rng, -2, 2));
+    pkv_write_args w = PKV_WRITE_ARGS_INIT;
+    w.layer = layer;
+    w.seqs = seqs;
+    w.n_tokens = n;
+    w.count = count;
+    w.k = k.data();
+    w.v = v.data();
+    check(pkv_write(pool, &w));
+  }
+}
+
+void captured_decode_replays_after_the_batch_grows(void **) {
+  enum : uint32_t { L = 2, KV = 2, Q = 8, B = 4, T = 2 };
+  tu_rng rng = tu_rng_make(tu_seed());
+  const pkv_format formats[] = {PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0};
+  const uint32_t dims[] = {64, 128, 256};
+  const uint32_t D = dims[tu_below(&rng, 3)];
+  const pkv_pool_desc d = pu_desc(L, KV, D, 16, 2048, B, formats[tu_below(&rng, 4)], formats[tu_below(&rng, 4)]);
+  print_message("head_dim %u, K %s, V %s\n", D, pkv_format_name(d.k_format), pkv_format_name(d.v_format));
+
+  std::string why;
+  const Driver *cu = pkv::cuda_driver(&why);
+  if (!cu) skip();
+  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+  check(pkv_backend_query(PKV_BACKEND_CUDA, &info));
+  if (info.device_count == 0) skip();
+  DeviceMemory mem(*cu);
+  CUstream stream = nullptr;
+  check_cu(*cu, cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  cd.backend = PKV_BACKEND_CUDA;
+  cd.stream = stream;
+  pkv_context *ctx;
+  pkv_pool *pool;
+  check(pkv_context_create(&cd, &ctx));
+  check(pkv_pool_create(ctx, &d, &pool));
+
+  pkv_seq seqs[B];
+  uint32_t n[B];
+  for (uint32_t b = 0; b < B; b++) {
+    check(pkv_seq_alloc(pool, &seqs[b]));
+    n[b] = T + tu_below(&rng, 100);
+  }
+  grow(pool, seqs, n, B, L, KV * D, &rng);
+
+  const size_t out_n = size_t(B) * T * Q * D, lse_n = size_t(B) * T * Q;
+  std::vector<float> q(out_n), poison(out_n, NAN);
+  for (float &x : q) x = float(tu_uniform(&rng, -2, 2));
+  void *graph_out[L], *graph_lse[L], *direct_out = mem.alloc(out_n * 4), *direct_lse = mem.alloc(lse_n * 4);
+  for (uint32_t layer = 0; layer < L; layer++) {
+    graph_out[layer] = mem.upload(poison.data(), out_n * 4);
+    graph_lse[layer] = mem.upload(poison.data(), lse_n * 4);
+  }
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.seqs = seqs;
+  a.count = B;
+  a.q_heads = Q;
+  a.q_tokens = T;
+  a.memory = PKV_MEMORY_DEVICE;
+  a.q = mem.upload(q.data(), out_n * 4);
+
+  // Capture both layers' decode. The shape is decoded once first (scratch buffers are sized on first
+  // use), then prepared.
+  a.out = direct_out;
+  a.lse = static_cast<float *>(direct_lse);
+  check(pkv_decode(pool, &a));
+  check(pkv_decode_prepare(pool, &a));
+  check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  for (uint32_t layer = 0; layer < L; layer++) {
+    a.layer = layer;
+    a.out = graph_out[layer];
+    a.lse = static_cast<float *>(graph_lse[layer]);
+    const pkv_status st = pkv_decode(pool, &a);
+    if (st != PKV_OK) {
+      CUgraph broken;
+      cu->cuStreamEndCapture(stream, &broken);
+      fail_msg("decode while capturing: %s", pkv_last_error());
+    }
+  }
+  CUgraph graph;
+  CUgraphExec exec;
+  check_cu(*cu, cu->cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+  check_cu(*cu, cu->cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
+
+  for (int round = 0; round < 4; round++) {
+    // Longer contexts: more chunks than the captured launch has blocks, split sequences merged.
+    for (uint32_t b = 0; b < B; b++) n[b] = 1 + tu_below(&rng, round == 0 ? 8 : 1500);
+    grow(pool, seqs, n, B, L, KV * D, &rng);
+
+    // A decode the stream cannot replay (its plan is not on the device) is refused while capturing.
+    check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+    const pkv_status refused = pkv_decode(pool, &a);
+    CUgraph unused = nullptr;
+    cu->cuStreamEndCapture(stream, &unused);
+    if (unused) cu->cuGraphDestroy(unused);
+    pu_assert_fails(refused, PKV_ERR_INVALID_ARGUMENT);
+
+    check(pkv_decode_prepare(pool, &a));
+    check_cu(*cu, cu->cuGraphLaunch(exec, stream), "cuGraphLaunch");
+    for (uint32_t layer = 0; layer < L; layer++) {
+      a.layer = layer;
+      a.out = direct_out;
+      a.lse = static_cast<float *>(direct_lse);
+      check(pkv_decode(pool, &a));
+      check(pkv_context_synchronize(ctx));
+      const std::vector<float> got = mem.download<float>(graph_out[layer], out_n);
+      for (float x : got)
+        if (std::isnan(x)) fail_msg("round %d layer %u: the replay left an output unwritten", round, layer);
+      if (std::memcmp(got.data(), mem.download<float>(direct_out, out_n).data(), out_n * 4) != 0 ||
+          std::memcmp(mem.download<float>(graph_lse[layer], lse_n).data(),
+                      mem.download<float>(direct_lse, lse_n).data(), lse_n * 4) != 0)
+        fail_msg("round %d layer %u: the replayed decode differs from a direct decode", round, layer);
+      // Poisoned again for the next replay.
+      check_cu(*cu, cu->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(graph_out[layer]), poison.data(), out_n * 4,
+                                          stream), "cuMemcpyHtoDAsync");
+      check(pkv_context_synchronize(ctx));
+    }
+  }
+  cu->cuGraphExecDestroy(exec);
+  cu->cuGraphDestroy(graph);
+  check(pkv_pool_destroy(pool));
+  check(pkv_context_destroy(ctx));
+  cu->cuStreamDestroy(stream);
+}
+
 } // namespace
 
 int main() {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(device_pointers_match_host_pointers)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(device_pointers_match_host_pointers),
+                                     cmocka_unit_test(captured_decode_replays_after_the_batch_grows)};
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

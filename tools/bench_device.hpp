@@ -14,7 +14,7 @@ class BenchDevice {
   virtual void *alloc(size_t bytes) = 0; // freed with the device, or by release
   virtual void release(void *ptr) = 0;
   virtual void upload(void *dst, const void *src, size_t bytes) = 0;
-  virtual void start() = 0;      // records the start event on the stream
+  virtual void start() = 0;      // holds the stream briefly, then records the start event on it
   virtual double stop_us() = 0;  // records the end event, waits for it, returns the time between
   virtual std::string name() = 0;
 };

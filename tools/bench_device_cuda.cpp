@@ -9,6 +9,29 @@ namespace {
 
 using namespace pkv::cu;
 
+// A kernel that spins for `ns` nanoseconds of the device's global timer. Launched before the start
+// event, it holds the stream while the host queues the timed call, so the events time the device's
+// work rather than the host's (host time per call is measured on its own: pkv-bench's overhead rows).
+const char kHoldPtx[] = R"(
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry pkv_bench_hold(.param .u64 ns)
+{
+  .reg .u64 %t0, %t1, %d, %n;
+  .reg .pred %p;
+  ld.param.u64 %n, [ns];
+  mov.u64 %t0, %globaltimer;
+spin:
+  mov.u64 %t1, %globaltimer;
+  sub.u64 %d, %t1, %t0;
+  setp.lt.u64 %p, %d, %n;
+  @%p bra spin;
+  ret;
+}
+)";
+constexpr unsigned long long kHoldNs = 200000;
+
 class CudaBenchDevice final : public BenchDevice {
  public:
   CudaBenchDevice(const Driver &d, int ordinal) : cu_(d) {
@@ -19,6 +42,8 @@ class CudaBenchDevice final : public BenchDevice {
     check(cu_.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     check(cu_.cuEventCreate(&start_, 0), "cuEventCreate");
     check(cu_.cuEventCreate(&end_, 0), "cuEventCreate");
+    check(cu_.cuModuleLoadData(&hold_module_, kHoldPtx), "cuModuleLoadData (hold kernel)");
+    check(cu_.cuModuleGetFunction(&hold_, hold_module_, "pkv_bench_hold"), "cuModuleGetFunction");
   }
 
   ~CudaBenchDevice() override {
@@ -27,6 +52,7 @@ class CudaBenchDevice final : public BenchDevice {
     cu_.cuEventDestroy(start_);
     cu_.cuEventDestroy(end_);
     cu_.cuStreamDestroy(stream_);
+    cu_.cuModuleUnload(hold_module_);
     CUcontext popped;
     cu_.cuCtxPopCurrent(&popped);
     cu_.cuDevicePrimaryCtxRelease(device_);
@@ -53,7 +79,12 @@ class CudaBenchDevice final : public BenchDevice {
     check(cu_.cuStreamSynchronize(stream_), "cuStreamSynchronize");
   }
 
-  void start() override { check(cu_.cuEventRecord(start_, stream_), "cuEventRecord"); }
+  void start() override {
+    unsigned long long ns = kHoldNs;
+    void *args[] = {&ns};
+    check(cu_.cuLaunchKernel(hold_, 1, 1, 1, 1, 1, 1, 0, stream_, args, nullptr), "cuLaunchKernel (hold)");
+    check(cu_.cuEventRecord(start_, stream_), "cuEventRecord");
+  }
 
   double stop_us() override {
     check(cu_.cuEventRecord(end_, stream_), "cuEventRecord");
@@ -75,6 +106,8 @@ class CudaBenchDevice final : public BenchDevice {
   CUcontext ctx_ = nullptr;
   CUstream stream_ = nullptr;
   CUevent start_ = nullptr, end_ = nullptr;
+  CUmodule hold_module_ = nullptr;
+  CUfunction hold_ = nullptr;
   std::set<CUdeviceptr> buffers_;
 };
 

@@ -330,11 +330,11 @@ struct PoolGuard {
 };
 
 void make_pool(Env &e, PoolGuard &g, const Shape &s, pkv_format k, pkv_format v, uint32_t page,
-               uint64_t pages, uint64_t max_seqs, uint32_t max_len, uint32_t seed) {
+               uint64_t pages, uint64_t max_seqs, uint32_t max_len, uint32_t seed, uint32_t layers = 1) {
   if (pages > UINT32_MAX) throw Skipped(strf("needs %llu pages, more than a pool holds", (unsigned long long)pages));
   if (max_seqs > 1048576) throw Skipped("needs more than 1048576 sequences");
   pkv_pool_desc d = PKV_POOL_DESC_INIT;
-  d.layers = 1; // decode is per layer
+  d.layers = layers;
   d.kv_heads = s.hkv;
   d.head_dim = s.d;
   d.page_size = page;
@@ -368,36 +368,39 @@ uint64_t pool_bytes(Env &e, const Shape &s, const Formats &f, uint32_t page, uin
 
 const uint32_t kChunk = 4096; // tokens per pkv_write while filling
 
-// Appends len tokens to seq and writes random K/V rows (F16 source), in chunks.
-void fill_seq(Env &e, pkv_pool *pool, pkv_seq seq, uint32_t len, size_t row_vals) {
+// Appends len tokens to seq and writes random K/V rows (F16 source) into every layer, in chunks.
+void fill_seq(Env &e, pkv_pool *pool, pkv_seq seq, uint32_t len, size_t row_vals, uint32_t layers = 1) {
   uint32_t chunk = (uint32_t)std::min<size_t>(kChunk, e.bank.size() / 2 / row_vals);
   for (uint32_t done = 0; done < len;) {
     uint32_t c = std::min(len - done, chunk);
     check(pkv_append(pool, &seq, &c, 1), "pkv_append");
     size_t need = (size_t)c * row_vals, span = e.bank.size() - need + 1;
-    pkv_write_args w = PKV_WRITE_ARGS_INIT;
-    w.seqs = &seq;
-    w.n_tokens = &c;
-    w.count = 1;
-    w.src_format = PKV_FORMAT_F16;
-    w.memory = PKV_MEMORY_HOST;
-    w.k = e.bank.data() + e.rng.next() % span;
-    w.v = e.bank.data() + e.rng.next() % span;
-    check(pkv_write(pool, &w), "pkv_write");
+    for (uint32_t layer = 0; layer < layers; layer++) {
+      pkv_write_args w = PKV_WRITE_ARGS_INIT;
+      w.layer = layer;
+      w.seqs = &seq;
+      w.n_tokens = &c;
+      w.count = 1;
+      w.src_format = PKV_FORMAT_F16;
+      w.memory = PKV_MEMORY_HOST;
+      w.k = e.bank.data() + e.rng.next() % span;
+      w.v = e.bank.data() + e.rng.next() % span;
+      check(pkv_write(pool, &w), "pkv_write");
+    }
     done += c;
   }
 }
 
 pkv_format io_format(const Formats &f) { return f.k == PKV_FORMAT_BF16 ? PKV_FORMAT_BF16 : PKV_FORMAT_F16; }
 
-// Copies of a batch of `bytes` that make up at least --rotate-mb (at most 64).
+// Layers of a batch of `bytes` (per layer) that make up at least --rotate-mb (at most 64).
 uint32_t copies_for(const Env &e, uint64_t bytes) {
   return (uint32_t)std::min<uint64_t>(64, std::max<uint64_t>(1, (e.rotate_bytes + bytes - 1) / bytes));
 }
 
-// A pool holding `copies` copies of a batch (sequences filled one at a time), and one decode call
-// (pkv_decode + pkv_context_synchronize) over a copy. Calls rotate over the copies so caches do not
-// flatter the result.
+// A pool of `copies` layers holding one batch (sequences filled one at a time), and one decode call
+// (pkv_decode + pkv_context_synchronize) of a layer. Calls rotate over the layers, as an engine's
+// step does, so caches do not flatter the result and the plan is made once per batch.
 struct DecodePool {
   PoolGuard pool;
   std::vector<pkv_seq> seqs;
@@ -424,11 +427,10 @@ struct DecodePool {
     copies = n_copies;
     uint64_t pages = 0;
     for (uint32_t l : lens) pages += (l + w.page - 1) / w.page;
-    pages *= copies;
-    bytes = pool_bytes(e, s, *w.fmt, w.page, pages, reserved);
+    bytes = pool_bytes(e, s, *w.fmt, w.page, pages * copies, reserved);
     uint32_t longest = *std::max_element(lens.begin(), lens.end());
-    make_pool(e, pool, s, w.fmt->k, w.fmt->v, w.page, pages, (uint64_t)b * copies, longest, seed);
-    seqs.resize((size_t)b * copies);
+    make_pool(e, pool, s, w.fmt->k, w.fmt->v, w.page, pages, b, longest, seed, copies);
+    seqs.resize(b);
     for (pkv_seq &x : seqs) check(pkv_seq_alloc(pool.p, &x), "pkv_seq_alloc");
 
     pkv_format io = io_format(*w.fmt);
@@ -453,11 +455,12 @@ struct DecodePool {
       args.out = dev_out;
     }
     call(e, 0); // on the empty sequences: an unsupported call is reported before the fill
-    for (size_t i = 0; i < seqs.size(); i++) fill_seq(e, pool.p, seqs[i], lens[i % b], (size_t)s.hkv * s.d);
+    for (size_t i = 0; i < seqs.size(); i++) fill_seq(e, pool.p, seqs[i], lens[i], (size_t)s.hkv * s.d, copies);
   }
 
   double call(Env &e, uint32_t i) { // microseconds
-    args.seqs = &seqs[(size_t)(i % copies) * b];
+    args.seqs = seqs.data();
+    args.layer = i % copies;
     if (dev) { // device time on the bench's stream: the call's upload, kernels and any gap between them
       dev->start();
       check(pkv_decode(pool.p, &args), "pkv_decode");
@@ -818,7 +821,7 @@ void usage() {
       "  --threads N        pkv_context_desc.threads and the bandwidth reduction's threads (default 0: all)\n"
       "  --backend NAME     auto|cpu|cuda|hip (default auto: PKV_BACKEND, else the first that works)\n"
       "  --device N         device ordinal for GPU backends (default 0)\n"
-      "  --rotate-mb N      each decode rotates over copies of its batch of at least N MB (default 128)\n"
+      "  --rotate-mb N      each decode rotates over layers of its batch of at least N MB (default 128)\n"
       "  --bw-gbs X         use X GB/s as the read bandwidth instead of measuring it\n");
 }
 

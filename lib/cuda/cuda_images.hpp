@@ -5,4 +5,5 @@ namespace pkv {
 extern const unsigned char cuda_image_pages[];
 extern const unsigned char cuda_image_decode[];
 extern const unsigned char cuda_image_decode_fast[];
+extern const unsigned char cuda_image_decode_mma[];
 } // namespace pkv

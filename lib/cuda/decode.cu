@@ -89,8 +89,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   }
   __syncthreads();
 
-  const uint32_t *seq_chunks = reinterpret_cast<const uint32_t *>(p.seq_chunks);
-  const bool single = seq_chunks[c.seq + 1] - seq_chunks[c.seq] == 1;
+  const bool single = c.part == kNoPart;
   for (uint32_t i = threadIdx.x; i < gt * D; i += blockDim.x) {
     const uint32_t g = i / D, d = i % D;
     float top = -INFINITY;
@@ -108,7 +107,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
       store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, value);
       if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
     } else {
-      const uint64_t part = (uint64_t(blockIdx.x) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
+      const uint64_t part = (uint64_t(c.part) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
       reinterpret_cast<float *>(p.part_out)[part * D + d] = value;
       if (d == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;
     }
@@ -132,8 +131,7 @@ PKV_DECODE_PARTIAL(8)
 
 // Grid: (sequence x query token, query head); thread d < head_dim. Chunks are combined in order, so
 // the result is the same bits every run; a chunk the row sees nothing of has lse -inf and weighs
-// nothing. A sequence without chunks (empty) gives 0 and -inf; one with a single chunk was written
-// by the partial kernel.
+// nothing. A sequence with a single chunk (an empty one too) was written by the partial kernel.
 extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
   const uint32_t s = blockIdx.x / p.q_tokens, tok = blockIdx.x % p.q_tokens, qh = blockIdx.y, D = p.pool.head_dim;
   const uint32_t *seq_chunks = reinterpret_cast<const uint32_t *>(p.seq_chunks);
@@ -141,7 +139,8 @@ extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
   if (c1 - c0 == 1) return;
   const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
   const float *part_out = reinterpret_cast<const float *>(p.part_out);
-  auto part = [&](uint32_t c) { return (uint64_t(c) * p.q_tokens + tok) * p.q_heads + qh; };
+  const PkvChunk *chunks = reinterpret_cast<const PkvChunk *>(p.chunks);
+  auto part = [&](uint32_t c) { return (uint64_t(chunks[c].part) * p.q_tokens + tok) * p.q_heads + qh; };
   float top = -INFINITY;
   for (uint32_t c = c0; c < c1; c++) top = fmaxf(top, part_lse[part(c)]);
   for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {

@@ -198,13 +198,12 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
   }
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   const float lse = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log
-  const uint32_t *seq_chunks = reinterpret_cast<const uint32_t *>(p.seq_chunks);
-  if (seq_chunks[c.seq + 1] - seq_chunks[c.seq] == 1) {
+  if (c.part == kNoPart) {
 #pragma unroll
     for (int j = 0; j < VEC; j++) store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + x * VEC + j, o[j] * inv);
     if (x == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
   } else {
-    const uint64_t part = (uint64_t(blockIdx.x) * p.q_tokens + tok) * p.q_heads + h * group + g;
+    const uint64_t part = (uint64_t(c.part) * p.q_tokens + tok) * p.q_heads + h * group + g;
 #pragma unroll
     for (int j = 0; j < VEC; j++) reinterpret_cast<float *>(p.part_out)[part * D + x * VEC + j] = o[j] * inv;
     if (x == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;

@@ -59,23 +59,35 @@ typedef struct PkvCopyParams {
 
 typedef struct PkvChunk {
   uint32_t seq, token_begin, token_end;
+  uint32_t part; /* a split sequence's partial-result slot; UINT32_MAX: the sequence's only chunk */
 } PkvChunk;
 
-/* Decode: partial attention per (chunk, KV head, head tile), then a merge per (sequence, query head). */
+/* The start of a pool's plan buffer. The arrays after it sit at offsets fixed by the pool's capacity
+ * (max_sequences, most chunks), so a captured kernel keeps finding them as batches change. */
+typedef struct PkvPlanHeader {
+  uint32_t n_chunks, count, parts, reserved;
+} PkvPlanHeader;
+
+/* Decode: partial attention per (chunk, KV head, tile of query rows); split sequences are merged by
+ * the last block to finish one of their chunks (the tensor-core kernel) or by a merge kernel. */
 typedef struct PkvDecodeParams {
   PkvPool pool;
+  uint64_t plan;       /* PkvPlanHeader, in the pool's plan buffer */
   uint64_t seq_slots;  /* uint32_t [count]: page-table row of each sequence */
   uint64_t lengths;    /* uint32_t [count] */
   uint64_t chunks;     /* PkvChunk [n_chunks] */
   uint64_t seq_chunks; /* uint32_t [count + 1] */
   uint64_t q, out, lse;
-  uint64_t part_out;   /* float [n_chunks][q_tokens][q_heads][head_dim] */
-  uint64_t part_lse;   /* float [n_chunks][q_tokens][q_heads] */
-  uint32_t layer, count, q_heads, n_chunks;
+  uint64_t part_out;   /* float [parts][q_tokens][q_heads][head_dim] */
+  uint64_t part_lse;   /* float [parts][q_tokens][q_heads] */
+  uint64_t counters;   /* uint32_t [parts][kv_heads][row_tiles], zero between calls: finished chunks */
+  uint32_t layer, count, q_heads, n_chunks; /* count and n_chunks as planned on the host (the older kernels) */
   uint32_t q_tokens;   /* query token t of a sequence of length L sees positions [0, L - q_tokens + t] */
-  uint32_t reserved2;
+  uint32_t row_tiles;  /* blocks' tiles of query rows per KV head */
   uint32_t q_format, out_format;
   float scale;
+  uint32_t mtiles;     /* tensor-core kernel: tiles of PKV_MMA_ROWS query rows a block serves, 1 or 2 */
+  uint32_t q_aligned;  /* q is 16-byte aligned: rows are read 16 bytes at a time */
   uint32_t reserved;
 } PkvDecodeParams;
 
@@ -96,5 +108,21 @@ typedef struct PkvReadParams {
 #define PKV_FAST_TT 4
 #define PKV_FAST_STAGES 4
 #define PKV_FAST_MAX_THREADS 256
+
+/* The tensor-core kernels (decode_mma.cu): warps per tile of PKV_MMA_ROWS query rows (a block serves
+ * one or two tiles), each warp taking PKV_MMA_TOKENS tokens of a shared-memory stage. */
+#define PKV_MMA_WARPS 4
+#define PKV_MMA_TOKENS 16
+#define PKV_MMA_ROWS 16
+
+/* Bytes a K or V row takes in the tensor-core kernel's shared memory: data then scales, padded to an
+ * odd number of 16-byte units so the eight rows one matrix load touches fall in different banks. */
+static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes) {
+  const uint32_t units = (data_and_scale_bytes + 15) / 16;
+  return (units % 2 ? units : units + 1) * 16;
+}
+
+/* Shared-memory stages in flight: two for head_dim 256 (a stage is large), three otherwise. */
+static inline uint32_t pkv_mma_stages(uint32_t head_dim) { return head_dim >= 256 ? 2 : 3; }
 
 #endif

@@ -17,6 +17,8 @@ using CUmodule = struct CUmod_st *;
 using CUfunction = struct CUfunc_st *;
 using CUstream = struct CUstream_st *;
 using CUevent = struct CUevent_st *;
+using CUgraph = struct CUgraph_st *;
+using CUgraphExec = struct CUgraphExec_st *;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
@@ -31,6 +33,9 @@ constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 1;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+constexpr int CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
 
 // The driver API version whose entry-point semantics we ask cuGetProcAddress for (CUDA 12.0).
 constexpr int kApiVersion = 12000;
@@ -57,6 +62,13 @@ constexpr int kApiVersion = 12000;
   X(cuStreamDestroy, "cuStreamDestroy_v2", (CUstream stream))                                              \
   X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                         \
   X(cuStreamIsCapturing, "cuStreamIsCapturing", (CUstream stream, int *status))                            \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", (CUstream stream, int mode))                          \
+  X(cuStreamEndCapture, "cuStreamEndCapture", (CUstream stream, CUgraph * graph))                          \
+  X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags",                                            \
+    (CUgraphExec * exec, CUgraph graph, unsigned long long flags))                                         \
+  X(cuGraphLaunch, "cuGraphLaunch", (CUgraphExec exec, CUstream stream))                                   \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec exec))                                          \
+  X(cuGraphDestroy, "cuGraphDestroy", (CUgraph graph))                                                     \
   X(cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr * ptr, size_t bytes))                                        \
   X(cuMemFree, "cuMemFree_v2", (CUdeviceptr ptr))                                                          \
   X(cuMemHostAlloc, "cuMemHostAlloc", (void **ptr, size_t bytes, unsigned int flags))                      \
@@ -67,6 +79,9 @@ constexpr int kApiVersion = 12000;
   X(cuModuleLoadData, "cuModuleLoadData", (CUmodule * module, const void *image))                          \
   X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                                   \
   X(cuModuleGetFunction, "cuModuleGetFunction", (CUfunction * fn, CUmodule module, const char *name))      \
+  X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction fn, int attribute, int value))                   \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor",              \
+    (int *blocks, CUfunction fn, int block_size, size_t shared_bytes))                                     \
   X(cuLaunchKernel, "cuLaunchKernel",                                                                      \
     (CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,           \
      unsigned shared_bytes, CUstream stream, void **params, void **extra))                                 \

@@ -69,8 +69,8 @@ static const struct fact facts[] = {
     AT(pkv_pool_stats, max_sequences, 20), AT(pkv_pool_stats, tokens_live, 24), AT(pkv_pool_stats, bytes_total, 32),
     AT(pkv_pool_stats, bytes_per_page, 40), AT(pkv_pool_stats, bytes_per_token, 48),
 
-    /* version 1 of the function table */
-    SIZE(pkv_api, 8 + 8 * 27), ALIGN(pkv_api, 8),
+    /* the function table: version 1, then version 2 */
+    SIZE(pkv_api, 8 + 8 * 28), ALIGN(pkv_api, 8),
     AT(pkv_api, struct_size, 0), AT(pkv_api, api_version, 4),
     API(version, 0), API(version_string, 1), API(status_string, 2), API(last_error, 3), API(backend_name, 4),
     API(format_name, 5), API(context_create, 6), API(context_destroy, 7), API(context_backend, 8),
@@ -78,6 +78,7 @@ static const struct fact facts[] = {
     API(pool_destroy, 13), API(seq_alloc, 14), API(seq_free, 15), API(seq_fork, 16), API(seq_truncate, 17),
     API(seq_length, 18), API(append, 19), API(write, 20), API(read, 21), API(decode, 22),
     API(pool_get_stats, 23), API(convert_from_f32, 24), API(convert_to_f32, 25), API(format_row_bytes, 26),
+    API(decode_prepare, 27),
 };
 
 int main(void) {

@@ -48,6 +48,7 @@ static void table_holds_the_functions(void **state) {
   assert_ptr_equal(t->convert_from_f32, pkv_convert_from_f32);
   assert_ptr_equal(t->convert_to_f32, pkv_convert_to_f32);
   assert_ptr_equal(t->format_row_bytes, pkv_format_row_bytes);
+  assert_ptr_equal(t->decode_prepare, pkv_decode_prepare);
   /* the same table for every version asked for */
   const pkv_api *again = NULL;
   assert_int_equal(pkv_get_api(1, &again), PKV_OK);

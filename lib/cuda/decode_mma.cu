@@ -1,0 +1,599 @@
+// The tensor-core split-K decode (sm_80 and newer), one kernel per head_dim 64/128/256 and K/V format
+// pair. A work item is (chunk, KV head, tile of query rows: the GQA group's heads times the query
+// tokens); blocks take items in turn, so any grid covers any plan (a captured launch replays
+// correctly after the plan changes).
+//  - K/V rows stream through shared-memory stages with 16-byte cp.async; a stage holds 64 tokens.
+//    A block serves 1 or 2 tiles of 16 query rows (speculative tokens times the GQA group) with 4
+//    warps each, a warp taking 16 tokens of every stage. Rows past the chunk are zero-filled, so
+//    every MMA input is finite.
+//  - Scores S = Q K^T and the output O = P V run on the tensor cores with fp32 accumulation. Float
+//    operands keep ~16-22 bits by splitting: q (and P) are sums of two f16 (F16 pages) or bf16 parts,
+//    each multiplied against the exact page values.
+//  - Q8_0/Q4_0 K: q is quantized to int8 per 32-group once per item, in two parts (the second
+//    quantizes the first's error), and dotted as int8 (m16n8k32), scaled per (row, group) and
+//    (token, group) in fp32.
+//  - Q8_0/Q4_0 V: the integers go to the MMA exactly (bf16); each token's group scale multiplies P
+//    instead. A thread loads four consecutive values of a token with one 32-bit read, so the output
+//    columns of its four n-tiles are interleaved (column 4n + t); the final write undoes that.
+//  - scores are in log2 units (q pre-scaled by scale * log2 e); the warps' partial results combine in
+//    shared memory; a split sequence's last finishing chunk merges all its chunks (a counter per
+//    sequence, KV head and row tile), in chunk order, so results are the same bits every run.
+#include <math.h>
+
+#include "device_format.cuh"
+
+using namespace pkv_dev;
+
+namespace {
+
+constexpr int WARPS = PKV_MMA_WARPS, THREADS = WARPS * 32; // per tile of query rows
+constexpr int SUB = PKV_MMA_TOKENS;   // tokens per warp per stage
+constexpr int TILE = WARPS * SUB;     // tokens per stage
+constexpr int ROWS = PKV_MMA_ROWS;    // query rows per item
+static_assert(THREADS == 2 * TILE, "a row tile's threads copy a stage: half K rows, half V rows");
+
+__device__ __forceinline__ void cp_async_zfill(void *smem, const void *global, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes));
+}
+template <int BYTES> __device__ __forceinline__ void cp_async_small_zfill(void *smem, const void *global, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? BYTES : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global), "n"(BYTES), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// d += a b for one 16x8 tile, 16-bit float inputs (f16 when F16, else bf16).
+template <bool F16> __device__ __forceinline__ void mma16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d = a b for one 16x8 tile of int8 inputs, k = 32.
+__device__ __forceinline__ void mma_s8(int d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%10,%10,%10,%10};\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+// Two floats as a packed pair of 16-bit floats (x low, y high), rounded: one conversion for both.
+template <bool F16> __device__ __forceinline__ uint32_t pack2(float x, float y) {
+  if constexpr (F16) {
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+}
+
+// Splits x and y into hi + lo 16-bit parts each and packs them (x low, y high): hi[0] the high parts,
+// hi[stride] the low ones. bf16: hi rounded, read back by a shift. f16: hi keeps 11 significant bits
+// (Veltkamp's split, explicitly rounded operations), so it converts exactly; lo is the remainder.
+// Two conversions a pair either way (the conversion unit is the scarce one).
+template <bool F16> __device__ __forceinline__ void split_pair(float x, float y, uint32_t *out, int stride) {
+  float hx, hy;
+  if constexpr (F16) {
+    const float tx = __fmul_rn(x, 8193.0f), ty = __fmul_rn(y, 8193.0f); // 2^13 + 1: keeps 24 - 13 bits
+    hx = __fsub_rn(tx, __fsub_rn(tx, x));
+    hy = __fsub_rn(ty, __fsub_rn(ty, y));
+    out[0] = pack2<true>(hx, hy);
+  } else {
+    const uint32_t h = pack2<false>(x, y);
+    out[0] = h;
+    hx = __uint_as_float(h << 16);
+    hy = __uint_as_float(h & 0xffff0000u);
+  }
+  out[stride] = pack2<F16>(__fsub_rn(x, hx), __fsub_rn(y, hy));
+}
+
+// bf16 pair of byte i of a and of b, each a signed 8-bit integer, exactly and without a conversion
+// instruction: 2^23 + 128 + v as a float has v + 128 (the byte with its sign bit flipped) in its low
+// mantissa bits, so subtracting 2^23 + 128 gives float(v), whose low 16 bits are zero (|v| <= 128):
+// its high half is bf16(v).
+__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t a, uint32_t b, int i) {
+  const uint32_t sel = 0x5440u | uint32_t(i); // [byte i, 0, 0, 0x4b]
+  const float fa = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
+  const float fb = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
+  return __byte_perm(__float_as_uint(fa), __float_as_uint(fb), 0x7632);
+}
+
+template <uint32_t F, int D> struct Row {
+  static constexpr bool quantized = F == Q8_0 || F == Q4_0;
+  static constexpr uint32_t data = F == Q8_0 ? D : F == Q4_0 ? D / 2 : 2 * D;
+  static constexpr uint32_t scales = quantized ? D / 32 * 2 : 0;
+  static constexpr uint32_t units = (data + scales + 15) / 16;
+  static constexpr uint32_t stride = (units % 2 ? units : units + 1) * 16; // as pkv_mma_row_stride
+  __device__ static float scale(const uint8_t *row, int group) {
+    return half_to_float(reinterpret_cast<const uint16_t *>(row + data)[group]);
+  }
+};
+
+// The four int8 values [4i, 4i + 4) of group `group` (Q8_0) or, for Q4_0, values 4(i % 4) .. + 3 of
+// the group's low (i < 4) or high (i >= 4) half, as signed bytes of one word.
+template <uint32_t F> __device__ __forceinline__ uint32_t quad(const uint8_t *row, int group, int i) {
+  if constexpr (F == Q8_0) {
+    return *reinterpret_cast<const uint32_t *>(row + group * 32 + 4 * i);
+  } else {
+    const uint32_t w = *reinterpret_cast<const uint32_t *>(row + group * 16 + 4 * (i % 4));
+    return __vsub4((i < 4 ? w : w >> 4) & 0x0f0f0f0fu, 0x08080808u);
+  }
+}
+
+// The output column of accumulator column n of n-tile t within a group (quantized V interleaving).
+template <uint32_t F> __device__ __forceinline__ int quad_column(int n, int t) {
+  return F == Q8_0 ? 4 * n + t : (n / 4) * 16 + 4 * (n % 4) + t;
+}
+
+// Where token t's row of KV head h starts in a page part of the layer (nullptr: nothing to read, the
+// row stays zero: past the chunk, or a corrupted table entry).
+struct RowSource {
+  const uint8_t *layer_base;
+  const uint32_t *table;
+  const PkvPool *pool;
+  uint32_t h, end;
+  __device__ const uint8_t *part(uint32_t t, uint64_t *row) const {
+    const uint32_t page = t < end ? table[t >> pool->page_shift] : pool->pages;
+    *row = (uint64_t(h) << pool->page_shift) + (t & (pool->page_size - 1));
+    return page < pool->pages ? layer_base + uint64_t(page) * pool->block_bytes : nullptr;
+  }
+};
+
+// Queues TILE rows (tokens t0 ..) of K (or V: offset k_bytes into the block) into shared memory, 64
+// threads: consecutive threads take consecutive 16-byte pieces of a row, so a warp reads whole rows.
+template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const RowSource &src, uint32_t t0,
+                                                             uint64_t part_offset, uint64_t scale_offset, int i0) {
+  constexpr int pieces = R::data / 16;
+  for (int i = i0; i < TILE * pieces; i += TILE) {
+    const int r = i / pieces, piece = i % pieces;
+    uint64_t row;
+    const uint8_t *part = src.part(t0 + r, &row);
+    cp_async_zfill(dst + r * R::stride + piece * 16, (part ? part + part_offset : src.layer_base) + row * R::data + piece * 16,
+                   part != nullptr);
+  }
+  if constexpr (R::scales != 0) {
+    for (int r = i0; r < TILE; r += TILE) {
+      uint64_t row;
+      const uint8_t *part = src.part(t0 + r, &row);
+      cp_async_small_zfill<R::scales>(dst + r * R::stride + R::data,
+                                      (part ? part + part_offset : src.layer_base) + scale_offset + row * R::scales,
+                                      part != nullptr);
+    }
+  }
+}
+
+template <int D, uint32_t KF, uint32_t VF> struct Mma {
+  using K = Row<KF, D>;
+  using V = Row<VF, D>;
+  static constexpr int NS = D >= 256 ? 2 : 3; // as pkv_mma_stages
+  static constexpr int KSTEPS = D / 16, GROUPS = D / 32, NT = D / 8;
+  // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
+  static constexpr int SPLIT = 2;
+  static constexpr uint32_t stage_bytes = TILE * (K::stride + V::stride);
+  // q fragments: float K [split][kstep][lane][4 words]; quantized K [part][group][lane][4 words] and
+  // scales [group][row].
+  static constexpr uint32_t q_words = K::quantized ? 2 * GROUPS * 32 * 4 : SPLIT * KSTEPS * 32 * 4;
+  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? GROUPS * ROWS * 4 : 0);
+  static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
+  // The warps' combine area reuses the stages and the q fragments once a chunk is done.
+  static constexpr uint32_t combine_bytes = 2 * (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4; // 2 row tiles
+  static constexpr uint32_t loop_bytes = NS * stage_bytes + q_bytes;
+  // What the host reserves: CudaBackend computes the same from kernel_params.h.
+  static constexpr uint32_t shared_bytes = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
+  static_assert(shared_bytes <= 227 * 1024, "a block fits a multiprocessor's shared memory");
+};
+
+template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvDecodeParams &p) {
+  using M = Mma<D, KF, VF>;
+  using K = typename M::K;
+  using V = typename M::V;
+  extern __shared__ uint4 smem_words[];
+  uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, gid = lane / 4, tig = lane % 4;
+  // The block's MT tiles of ROWS query rows, WARPS warps each, every warp taking 16 tokens of a stage:
+  // each K/V row in shared memory serves all the block's rows.
+  const int MT = int(p.mtiles), mt = warp / WARPS, slice = warp % WARPS, threads = int(blockDim.x);
+  const uint32_t block_rows = ROWS * MT;
+  // Row tile i's q fragments and (quantized K) scales.
+  auto q_frag_of = [&](int i) { return reinterpret_cast<uint32_t *>(smem + M::NS * M::stage_bytes + i * M::q_bytes); };
+  auto q_scale_of = [&](int i) { return reinterpret_cast<float *>(q_frag_of(i) + M::q_words); };
+  const uint32_t *q_frag = q_frag_of(mt);
+  const float *q_scale_sm = q_scale_of(mt);
+  const PkvPool &pool = p.pool;
+  const uint32_t group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group;
+  const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
+  const uint32_t per_chunk = pool.kv_heads * p.row_tiles;
+  const PkvChunk *chunks = reinterpret_cast<const PkvChunk *>(p.chunks);
+  const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
+  const float q_mul = p.scale * 1.4426950408889634f; // scores in log2 units
+
+  for (uint32_t item = blockIdx.x; item < n_chunks * per_chunk; item += gridDim.x) {
+    const uint32_t ci = item / per_chunk, h = item % per_chunk / p.row_tiles, z = item % p.row_tiles;
+    const PkvChunk c = chunks[ci];
+    const uint32_t length = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq];
+    // Query row r of this tile: (token, head of the group), or nothing past the group's rows.
+    auto q_head = [&](uint32_t r) {
+      const uint32_t row = z * block_rows + r, tok = row / group;
+      return (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + row % group;
+    };
+    auto row_valid = [&](uint32_t r) { return z * block_rows + r < rows; };
+    // Values [d0, d0 + N) of query row r, scaled to log2 units (zeros past the rows).
+    auto q_values = [&](uint32_t r, uint32_t d0, auto &out) {
+      constexpr int N = sizeof(out) / sizeof(out[0]);
+      if (!row_valid(r)) {
+#pragma unroll
+        for (int i = 0; i < N; i++) out[i] = 0.0f;
+        return;
+      }
+      const uint64_t at = q_head(r) * D + d0;
+      if (p.q_aligned && p.q_format != F32) { // 16-byte loads of 8 values
+        const uint4 *src = reinterpret_cast<const uint4 *>(reinterpret_cast<const uint16_t *>(p.q) + at);
+#pragma unroll
+        for (int i = 0; i < N / 8; i++) {
+          const uint4 raw = src[i];
+          const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            const uint16_t h = uint16_t(w[j / 2] >> (16 * (j % 2)));
+            out[8 * i + j] = (p.q_format == F16 ? half_to_float(h) : bf16_to_float(h)) * q_mul;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) out[i] = load_io(p.q_format, reinterpret_cast<const void *>(p.q), at + i) * q_mul;
+      }
+    };
+
+    // Positions each of this thread's two rows (gid, gid + 8) sees.
+    uint32_t visible[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const uint32_t r = mt * ROWS + gid + 8 * i, tok = (z * block_rows + r) / group;
+      visible[i] = row_valid(r) ? length - p.q_tokens + tok + 1 : 0;
+    }
+
+    const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) +
+                            uint64_t(reinterpret_cast<const uint32_t *>(p.seq_slots)[c.seq]) * pool.table_stride;
+    const uint32_t n = c.token_end - c.token_begin;
+    const int tiles = int((n + TILE - 1) / TILE);
+
+    // Queues tile `tile` into its stage: warps 0-1 copy the K rows, warps 2-3 the V rows (the first
+    // row tile's warps; every thread commits, so the group counts agree).
+    const RowSource source{layer_base, table, &pool, h, c.token_end};
+    auto issue = [&](int tile) {
+      if (tile < tiles) {
+        uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
+        const uint32_t t0 = c.token_begin + tile * TILE;
+        if (tid < TILE) copy_rows<K>(stage, source, t0, 0, pool.k.scale_offset, tid);
+        else if (tid < 2 * TILE) copy_rows<V>(stage + TILE * K::stride, source, t0, pool.k_bytes, pool.v.scale_offset, tid - TILE);
+      }
+      cp_async_commit();
+    };
+
+    float o[M::NT][4];
+#pragma unroll
+    for (int nt = 0; nt < M::NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+#pragma unroll
+    for (int s = 0; s < M::NS - 1; s++) issue(s);
+
+    // While the first stages load: q as MMA A-fragments. Word `reg` of lane (g, t) for a 16-wide
+    // k-step holds row g + 8 (reg & 1), columns 2t, 2t + 1 (+ 8 when reg >= 2); for int8 k32 steps
+    // 4t .. 4t + 3 (+ 16).
+    if constexpr (K::quantized) {
+      // Two int8 parts per (row, group): q ~ s (128 q1 + q2), q1 = round(q / 128 s) and q2 quantizing
+      // what q1 missed (|q2| <= 64), so the dot product keeps ~15 bits of q and the two int32 dot
+      // products combine exactly before one conversion to float.
+      for (int e = tid; e < MT * M::GROUPS * ROWS; e += threads) {
+        const int i_tile = e / (M::GROUPS * ROWS), g = e / ROWS % M::GROUPS, r = e % ROWS;
+        uint32_t *frag = q_frag_of(i_tile);
+        float v[32], amax = 0.0f;
+        q_values(i_tile * ROWS + r, g * 32, v);
+#pragma unroll
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f; // q1 steps of amax / 127
+        q_scale_of(i_tile)[g * ROWS + r] = amax / (127.0f * 128.0f);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { // four values a word
+          uint32_t w[2] = {0, 0};
+#pragma unroll
+          for (int b = 0; b < 4; b++) {
+            const float x = v[4 * k + b] * inv;
+            const int q1 = __float2int_rn(x), q2 = __float2int_rn((x - float(q1)) * 128.0f);
+            w[0] |= uint32_t(uint8_t(int8_t(q1))) << (8 * b);
+            w[1] |= uint32_t(uint8_t(int8_t(q2))) << (8 * b);
+          }
+          const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
+#pragma unroll
+          for (int part = 0; part < 2; part++) frag[((part * M::GROUPS + g) * 32 + ln) * 4 + reg] = w[part];
+        }
+      }
+    } else {
+      for (int e = tid; e < MT * M::KSTEPS * ROWS; e += threads) {
+        const int i_tile = e / (M::KSTEPS * ROWS), kk = e / ROWS % M::KSTEPS, r = e % ROWS;
+        float v[16];
+        q_values(i_tile * ROWS + r, kk * 16, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { // two values a word
+          const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
+          split_pair<KF == F16>(v[2 * k], v[2 * k + 1], &q_frag_of(i_tile)[(kk * 32 + ln) * 4 + reg], M::KSTEPS * 32 * 4);
+        }
+      }
+    }
+
+    for (int tile = 0; tile < tiles; tile++) {
+      issue(tile + M::NS - 1);
+      cp_async_wait<M::NS - 1>();
+      __syncthreads();
+      const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
+      {
+      const int sub = slice; // this warp's 16 tokens of the stage
+      const uint8_t *k_rows = stage + sub * SUB * K::stride, *v_rows = stage + TILE * K::stride + sub * SUB * V::stride;
+      const uint32_t t_warp = c.token_begin + tile * TILE + sub * SUB;
+
+      // S for this warp's 16 tokens: n-tile j holds tokens 8j .. 8j + 7; thread: rows gid, gid + 8,
+      // tokens 8j + 2 tig, + 1.
+      float s[2][4] = {};
+      if constexpr (K::quantized) {
+#pragma unroll
+        for (int g = 0; g < M::GROUPS; g++) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int part = 0; part < 2; part++) {
+            const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(part * M::GROUPS + g) * 32 + lane];
+            a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
+          }
+          const float qs[2] = {q_scale_sm[g * ROWS + gid], q_scale_sm[g * ROWS + gid + 8]};
+#pragma unroll
+          for (int j = 0; j < 2; j++) {
+            const uint8_t *kr = k_rows + (8 * j + gid) * K::stride;
+            const uint32_t b0 = quad<KF>(kr, g, tig), b1 = quad<KF>(kr, g, tig + 4);
+            int acc[2][4];
+            mma_s8(acc[0], a[0], b0, b1);
+            mma_s8(acc[1], a[1], b0, b1);
+            const float ks[2] = {K::scale(k_rows + (8 * j + 2 * tig) * K::stride, g),
+                                 K::scale(k_rows + (8 * j + 2 * tig + 1) * K::stride, g)};
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] += float(acc[0][e] * 128 + acc[1][e]) * (qs[e / 2] * ks[e & 1]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < M::KSTEPS; kk += 2) {
+          uint32_t b[2][4]; // [n-tile][k-step kk, kk + 1 halves]
+#pragma unroll
+          for (int j = 0; j < 2; j++)
+            ldmatrix_x4(b[j], k_rows + (8 * j + lane % 8) * K::stride + (kk * 16 + (lane / 8) * 8) * 2);
+#pragma unroll
+          for (int sp = 0; sp < M::SPLIT; sp++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+              const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(sp * M::KSTEPS + kk + half) * 32 + lane];
+              const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
+              mma16<KF == F16>(s[0], a, b[0][2 * half], b[0][2 * half + 1]);
+              mma16<KF == F16>(s[1], a, b[1][2 * half], b[1][2 * half + 1]);
+            }
+          }
+        }
+      }
+
+      // Online softmax over the 16 tokens, per row (the four threads of a quad share a row).
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const uint32_t t = t_warp + 8 * j + 2 * tig + (e & 1);
+          const bool seen = t < c.token_end && t < visible[e / 2];
+          s[j][e] = seen ? s[j][e] : -INFINITY;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
+        }
+      float correction[2], base[2];
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+        const float m_new = fmaxf(m[i], tile_max[i]);
+        base[i] = m_new == -INFINITY ? 0.0f : m_new; // nothing seen yet: every weight is 0
+        correction[i] = exp2f(m[i] - base[i]);
+        m[i] = m_new;
+        l[i] *= correction[i];
+      }
+      if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) { // a row's max moved
+#pragma unroll
+        for (int nt = 0; nt < M::NT; nt++) {
+          o[nt][0] *= correction[0];
+          o[nt][1] *= correction[0];
+          o[nt][2] *= correction[1];
+          o[nt][3] *= correction[1];
+        }
+      }
+      float pr[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          pr[j][e] = exp2f(s[j][e] - base[e / 2]);
+          l[e / 2] += pr[j][e];
+        }
+
+      // O += P V. P as an A-fragment: word 0 row gid tokens 2tig, +1; word 1 row gid + 8; words 2, 3
+      // the same for tokens 8 + 2tig, + 1.
+      if constexpr (V::quantized) {
+        const int k_tok[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
+#pragma unroll
+        for (int g = 0; g < M::GROUPS; g++) {
+          float vs[4];
+          uint32_t w[4];
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            vs[i] = V::scale(v_rows + k_tok[i] * V::stride, g);
+            w[i] = quad<VF>(v_rows + k_tok[i] * V::stride, g, gid);
+          }
+          uint32_t a[M::SPLIT][4];
+          split_pair<false>(pr[0][0] * vs[0], pr[0][1] * vs[1], &a[0][0], 4);
+          split_pair<false>(pr[0][2] * vs[0], pr[0][3] * vs[1], &a[0][1], 4);
+          split_pair<false>(pr[1][0] * vs[2], pr[1][1] * vs[3], &a[0][2], 4);
+          split_pair<false>(pr[1][2] * vs[2], pr[1][3] * vs[3], &a[0][3], 4);
+#pragma unroll
+          for (int t = 0; t < 4; t++) {
+            const uint32_t b0 = int8_pair_bf16(w[0], w[1], t), b1 = int8_pair_bf16(w[2], w[3], t);
+#pragma unroll
+            for (int sp = 0; sp < M::SPLIT; sp++) mma16<false>(o[4 * g + t], a[sp], b0, b1);
+          }
+        }
+      } else {
+        constexpr bool f16 = VF == F16;
+        uint32_t a[M::SPLIT][4];
+        split_pair<f16>(pr[0][0], pr[0][1], &a[0][0], 4);
+        split_pair<f16>(pr[0][2], pr[0][3], &a[0][1], 4);
+        split_pair<f16>(pr[1][0], pr[1][1], &a[0][2], 4);
+        split_pair<f16>(pr[1][2], pr[1][3], &a[0][3], 4);
+#pragma unroll
+        for (int nt = 0; nt < M::NT; nt += 2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_rows + (lane % 8 + 8 * ((lane / 8) % 2)) * V::stride + (nt + lane / 16) * 16);
+#pragma unroll
+          for (int sp = 0; sp < M::SPLIT; sp++) {
+            mma16<f16>(o[nt], a[sp], b[0], b[1]);
+            mma16<f16>(o[nt + 1], a[sp], b[2], b[3]);
+          }
+        }
+      }
+      }
+      __syncthreads(); // the stage is refilled next
+    }
+    cp_async_wait<0>();
+
+    // Combine the warps through shared memory (the stages are free now).
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    __syncthreads();
+    float *co = reinterpret_cast<float *>(smem);            // [WARPS][ROWS][CO_STRIDE]
+    float *cm = co + MT * WARPS * ROWS * M::CO_STRIDE, *cl = cm + MT * WARPS * ROWS; // [warp][ROWS]
+#pragma unroll
+    for (int nt = 0; nt < M::NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = gid + 8 * (e / 2), n = 2 * tig + (e & 1);
+        const int col = V::quantized ? (nt / 4) * 32 + quad_column<VF>(n, nt % 4) : nt * 8 + n;
+        co[(warp * ROWS + r) * M::CO_STRIDE + col] = o[nt][e];
+      }
+    if (tig == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        cm[warp * ROWS + gid + 8 * i] = m[i];
+        cl[warp * ROWS + gid + 8 * i] = l[i];
+      }
+    }
+    __syncthreads();
+
+    const bool split = c.part != kNoPart;
+    const uint32_t first_chunk = reinterpret_cast<const uint32_t *>(p.seq_chunks)[c.seq];
+    const uint32_t first_part = split ? c.part - (ci - first_chunk) : 0;
+    const uint32_t my_rows = min(block_rows, rows - z * block_rows);
+    for (uint32_t e = tid; e < my_rows * D; e += threads) {
+      const uint32_t rb = e / D, d = e % D, r = rb % ROWS, w0 = rb / ROWS * WARPS; // warps w0.. hold row rb
+      float top = -INFINITY;
+#pragma unroll
+      for (int w = w0; w < w0 + WARPS; w++) top = fmaxf(top, cm[w * ROWS + r]);
+      float sum = 0.0f, acc = 0.0f;
+      if (top != -INFINITY) {
+#pragma unroll
+        for (int w = w0; w < w0 + WARPS; w++) {
+          const float weight = exp2f(cm[w * ROWS + r] - top);
+          sum += weight * cl[w * ROWS + r];
+          acc += weight * co[(w * ROWS + r) * M::CO_STRIDE + d];
+        }
+      }
+      const float value = sum > 0.0f ? acc / sum : 0.0f;
+      const float lse = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log
+      const uint64_t head = q_head(rb);
+      if (!split) {
+        store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, value);
+        if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
+      } else {
+        const uint64_t part = uint64_t(c.part) * p.q_tokens * p.q_heads + (head - uint64_t(c.seq) * p.q_tokens * p.q_heads);
+        reinterpret_cast<float *>(p.part_out)[part * D + d] = value;
+        if (d == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;
+      }
+    }
+    if (split) {
+      // The last of the sequence's chunks to finish (for this KV head and row tile) merges them all.
+      const uint32_t chunks_of_seq = reinterpret_cast<const uint32_t *>(p.seq_chunks)[c.seq + 1] - first_chunk;
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        uint32_t *counter = reinterpret_cast<uint32_t *>(p.counters) + (uint64_t(first_part) * pool.kv_heads + h) * p.row_tiles + z;
+        s_last = atomicAdd(counter, 1u) + 1 == chunks_of_seq;
+        if (s_last) *counter = 0; // every other chunk has counted: ready for the next call
+      }
+      __syncthreads();
+      if (s_last) {
+        __threadfence();
+        const float *part_out = reinterpret_cast<const float *>(p.part_out);
+        const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
+        for (uint32_t e = tid; e < my_rows * D; e += threads) {
+          const uint32_t r = e / D, d = e % D;
+          const uint64_t head = q_head(r), in_seq = head - uint64_t(c.seq) * p.q_tokens * p.q_heads;
+          auto part = [&](uint32_t k) { return uint64_t(first_part + k) * p.q_tokens * p.q_heads + in_seq; };
+          float top = -INFINITY;
+          for (uint32_t k = 0; k < chunks_of_seq; k++) top = fmaxf(top, __ldcg(part_lse + part(k)));
+          float sum = 0.0f, acc = 0.0f;
+          for (uint32_t k = 0; k < chunks_of_seq && top != -INFINITY; k++) {
+            const float lse = __ldcg(part_lse + part(k));
+            const float weight = lse == -INFINITY ? 0.0f : expf(lse - top);
+            sum += weight;
+            acc += weight * __ldcg(part_out + part(k) * D + d);
+          }
+          store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, sum > 0.0f ? acc / sum : 0.0f);
+          if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = sum > 0.0f ? top + logf(sum) : -INFINITY;
+        }
+      }
+    }
+    __syncthreads(); // shared memory is reused by the next item
+  }
+}
+
+} // namespace
+
+// pkv_decode_mma_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.
+#define PKV_MMA(D, KF, VF)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(2 * THREADS) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
+    decode_mma<D, KF, VF>(p);                                                                                \
+  }
+#define PKV_MMA_V(D, KF) PKV_MMA(D, KF, 2) PKV_MMA(D, KF, 3) PKV_MMA(D, KF, 4) PKV_MMA(D, KF, 5)
+#define PKV_MMA_KV(D) PKV_MMA_V(D, 2) PKV_MMA_V(D, 3) PKV_MMA_V(D, 4) PKV_MMA_V(D, 5)
+PKV_MMA_KV(64)
+PKV_MMA_KV(128)
+PKV_MMA_KV(256)
