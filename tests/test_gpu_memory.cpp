@@ -166,6 +166,13 @@ void device_pointers_match_host_pointers(void **) {
   pu_close(ctx, host_pool);
 }
 
+// The CUDA driver, or null. Nothing of this call outlives it: a cmocka skip() leaves the test by
+// longjmp, past every destructor, and LeakSanitizer would report a string left behind.
+const Driver *driver_or_null() {
+  std::string why;
+  return pkv::cuda_driver(&why);
+}
+
 // Appends n[b] tokens of fresh random K/V to each sequence and writes them into every layer.
 void grow(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n, uint32_t count, uint32_t layers, uint32_t width,
           tu_rng *rng) {
@@ -196,8 +203,7 @@ void captured_decode_replays_after_the_batch_grows(void **) {
   const pkv_pool_desc d = pu_desc(L, KV, D, 16, 2048, B, formats[tu_below(&rng, 4)], formats[tu_below(&rng, 4)]);
   print_message("head_dim %u, K %s, V %s\n", D, pkv_format_name(d.k_format), pkv_format_name(d.v_format));
 
-  std::string why;
-  const Driver *cu = pkv::cuda_driver(&why);
+  const Driver *cu = driver_or_null();
   if (!cu) skip();
   pkv_backend_info info = PKV_BACKEND_INFO_INIT;
   check(pkv_backend_query(PKV_BACKEND_CUDA, &info));
@@ -308,8 +314,7 @@ void capture_refused_on_hip(void **) {
   if (!std::getenv("PKV_TEST_HIP_STANDIN")) skip();
   enum : uint32_t { KV = 2, Q = 4, D = 128, B = 2 };
   tu_rng rng = tu_rng_make(tu_seed());
-  std::string why;
-  const Driver *cu = pkv::cuda_driver(&why);
+  const Driver *cu = driver_or_null();
   if (!cu) skip();
   pkv_backend_info info = PKV_BACKEND_INFO_INIT;
   check(pkv_backend_query(PKV_BACKEND_HIP, &info));
