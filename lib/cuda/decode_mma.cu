@@ -126,8 +126,15 @@ template <uint32_t F, int D> struct Row {
   static constexpr bool quantized = F == Q8_0 || F == Q4_0;
   static constexpr uint32_t data = F == Q8_0 ? D : F == Q4_0 ? D / 2 : 2 * D;
   static constexpr uint32_t scales = quantized ? D / 32 * 2 : 0;
+  // Float rows (a multiple of 8 16-byte units) are stored unpadded with their units permuted by
+  // row (unit u of row r at u ^ (r % 8)); quantized rows are padded to an odd number of units.
+  // Either way the eight rows one matrix load or one quad of lanes reads fall in different banks.
   static constexpr uint32_t units = (data + scales + 15) / 16;
-  static constexpr uint32_t stride = (units % 2 ? units : units + 1) * 16; // as pkv_mma_row_stride
+  static constexpr uint32_t stride = quantized ? (units % 2 ? units : units + 1) * 16 : data; // as pkv_mma_row_stride
+  // Where byte b of row r (of a warp's rows, a multiple of 8 from the stage's first) lies.
+  __device__ static uint32_t at(uint32_t r, uint32_t b) {
+    return r * stride + (quantized ? b : ((((b >> 4) ^ (r & 7)) << 4) | (b & 15)));
+  }
   __device__ static float scale(const uint8_t *row, int group) {
     return half_to_float(reinterpret_cast<const uint16_t *>(row + data)[group]);
   }
@@ -172,7 +179,7 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
     const int r = i / pieces, piece = i % pieces;
     uint64_t row;
     const uint8_t *part = src.part(t0 + r, &row);
-    cp_async_zfill(dst + r * R::stride + piece * 16, (part ? part + part_offset : src.layer_base) + row * R::data + piece * 16,
+    cp_async_zfill(dst + R::at(r, piece * 16), (part ? part + part_offset : src.layer_base) + row * R::data + piece * 16,
                    part != nullptr);
   }
   if constexpr (R::scales != 0) {
@@ -189,7 +196,7 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
 template <int D, uint32_t KF, uint32_t VF> struct Mma {
   using K = Row<KF, D>;
   using V = Row<VF, D>;
-  static constexpr int NS = D >= 256 ? 2 : 3; // as pkv_mma_stages
+  static constexpr int NS = D >= 256 || (D == 128 && !K::quantized && !V::quantized) ? 2 : 3; // as pkv_mma_stages
   static constexpr int KSTEPS = D / 16, GROUPS = D / 32, NT = D / 8;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
@@ -385,23 +392,29 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
           }
         }
       } else {
+        // Four accumulators per n-tile (q part x k-step parity): short dependency chains.
+        float part[2][4][4] = {};
 #pragma unroll
         for (int kk = 0; kk < M::KSTEPS; kk += 2) {
           uint32_t b[2][4]; // [n-tile][k-step kk, kk + 1 halves]
 #pragma unroll
           for (int j = 0; j < 2; j++)
-            ldmatrix_x4(b[j], k_rows + (8 * j + lane % 8) * K::stride + (kk * 16 + (lane / 8) * 8) * 2);
+            ldmatrix_x4(b[j], k_rows + K::at(8 * j + lane % 8, (kk * 16 + (lane / 8) * 8) * 2));
 #pragma unroll
           for (int sp = 0; sp < M::SPLIT; sp++) {
 #pragma unroll
             for (int half = 0; half < 2; half++) {
               const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(sp * M::KSTEPS + kk + half) * 32 + lane];
               const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
-              mma16<KF == F16>(s[0], a, b[0][2 * half], b[0][2 * half + 1]);
-              mma16<KF == F16>(s[1], a, b[1][2 * half], b[1][2 * half + 1]);
+              mma16<KF == F16>(part[0][2 * sp + half], a, b[0][2 * half], b[0][2 * half + 1]);
+              mma16<KF == F16>(part[1][2 * sp + half], a, b[1][2 * half], b[1][2 * half + 1]);
             }
           }
         }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) s[j][e] = (part[j][3][e] + part[j][2][e]) + (part[j][1][e] + part[j][0][e]);
       }
 
       // Online softmax over the 16 tokens, per row (the four threads of a quad share a row).
@@ -479,7 +492,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 #pragma unroll
         for (int nt = 0; nt < M::NT; nt += 2) {
           uint32_t b[4];
-          ldmatrix_x4_trans(b, v_rows + (lane % 8 + 8 * ((lane / 8) % 2)) * V::stride + (nt + lane / 16) * 16);
+          ldmatrix_x4_trans(b, v_rows + V::at(lane % 8 + 8 * ((lane / 8) % 2), (nt + lane / 16) * 16));
 #pragma unroll
           for (int sp = 0; sp < M::SPLIT; sp++) {
             mma16<f16>(o[nt], a[sp], b[0], b[1]);

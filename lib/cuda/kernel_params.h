@@ -115,14 +115,18 @@ typedef struct PkvReadParams {
 #define PKV_MMA_TOKENS 16
 #define PKV_MMA_ROWS 16
 
-/* Bytes a K or V row takes in the tensor-core kernel's shared memory: data then scales, padded to an
- * odd number of 16-byte units so the eight rows one matrix load touches fall in different banks. */
-static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes) {
+/* Bytes a K or V row takes in the tensor-core kernel's shared memory: float rows as they are (their
+ * 16-byte units permuted per row), quantized rows (data then scales) padded to an odd number of
+ * 16-byte units; either way the eight rows one matrix load touches fall in different banks. */
+static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes, int quantized) {
   const uint32_t units = (data_and_scale_bytes + 15) / 16;
-  return (units % 2 ? units : units + 1) * 16;
+  return quantized ? (units % 2 ? units : units + 1) * 16 : data_and_scale_bytes;
 }
 
-/* Shared-memory stages in flight: two for head_dim 256 (a stage is large), three otherwise. */
-static inline uint32_t pkv_mma_stages(uint32_t head_dim) { return head_dim >= 256 ? 2 : 3; }
+/* Shared-memory stages in flight: two for head_dim 256 (a stage is large) and for float pages of
+ * head_dim 128 (so three blocks fit a multiprocessor), three otherwise. */
+static inline uint32_t pkv_mma_stages(uint32_t head_dim, int float_pages) {
+  return head_dim >= 256 || (head_dim == 128 && float_pages) ? 2 : 3;
+}
 
 #endif

@@ -504,12 +504,16 @@ class GpuBackend final : public Backend {
   // combine area.
   static unsigned mma_shared_bytes(const PoolGeometry &g, unsigned mtiles) {
     const unsigned D = g.head_dim, rows = PKV_MMA_ROWS, warps = PKV_MMA_WARPS;
-    auto stride = [](const PlaneLayout &l) { return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes)); };
+    auto is_quantized = [](pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; };
+    auto stride = [&](const PlaneLayout &l) {
+      return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
+    };
     const unsigned stage = warps * PKV_MMA_TOKENS * (stride(g.k) + stride(g.v));
-    const bool quantized = g.k.format == PKV_FORMAT_Q8_0 || g.k.format == PKV_FORMAT_Q4_0;
+    const bool quantized = is_quantized(g.k.format);
     const unsigned q = quantized ? 2 * (D / 32 * 32 * 16) + D / 32 * rows * 4 : 2 * (D / 16) * 32 * 16;
     const unsigned combine = 2 * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
-    return std::max(pkv_mma_stages(D) * stage + mtiles * q, combine);
+    const int float_pages = !quantized && !is_quantized(g.v.format);
+    return std::max(pkv_mma_stages(D, float_pages) * stage + mtiles * q, combine);
   }
 
   // Sends the batch's queued table changes and, unless the pool's plan buffer holds it already, the
