@@ -24,9 +24,15 @@ pkv_pool_desc pu_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uin
 
 void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool) {
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  pkv_status st;
   *ctx = NULL;
   *pool = NULL;
-  assert_int_equal(pkv_context_create(&cd, ctx), PKV_OK);
+  st = pkv_context_create(&cd, ctx);
+  if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
+    print_message("    skipped: %s\n", pkv_last_error());
+    skip();
+  }
+  assert_int_equal(st, PKV_OK);
   assert_non_null(*ctx);
   assert_int_equal(pkv_pool_create(*ctx, desc, pool), PKV_OK);
   assert_non_null(*pool);

@@ -12,7 +12,8 @@
 pkv_pool_desc pu_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t page_size,
                       uint32_t pages, uint32_t max_sequences, pkv_format k_format, pkv_format v_format);
 
-/* A context on PKV_BACKEND_AUTO (so PKV_BACKEND picks the backend) and a pool on it. */
+/* A context on PKV_BACKEND_AUTO (so PKV_BACKEND picks the backend) and a pool on it; skips the test
+ * when PKV_BACKEND names a backend this machine lacks. */
 void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool);
 void pu_close(pkv_context *ctx, pkv_pool *pool);
 

@@ -1,9 +1,11 @@
 // Device pointers, as engines pass them: K/V rows written from device memory, rows read back into
 // it, q, out and lse in it. The results must be the same bits as the same calls with host pointers.
 // And decode captured in a CUDA graph on the engine's stream: replayed after the batch grew (and
-// pkv_decode_prepare put the new plan on the device), it must give the same bits as a direct call.
-// Skipped (visibly) unless the backend in use is CUDA; device memory comes from the CUDA driver
-// through the library's own loader sources, compiled into this test.
+// pkv_decode_prepare put the new plan on the device), it must give the same bits as a direct call;
+// on the HIP backend, which has no kernel that can be captured, the capture is refused.
+// Skipped (visibly) unless the backend in use is CUDA, or HIP on the test stand-in for the HIP runtime
+// (PKV_TEST_HIP_STANDIN set: its device memory is the CUDA driver's too); device memory comes from the
+// CUDA driver through the library's own loader sources, compiled into this test.
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +15,7 @@ extern "C" {
 }
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -83,7 +86,7 @@ void device_pointers_match_host_pointers(void **) {
   pu_open(&d, &ctx, &host_pool);
   pkv_backend backend;
   check(pkv_context_backend(ctx, &backend));
-  if (backend != PKV_BACKEND_CUDA) {
+  if (backend != PKV_BACKEND_CUDA && !(backend == PKV_BACKEND_HIP && std::getenv("PKV_TEST_HIP_STANDIN"))) {
     pu_close(ctx, host_pool);
     skip();
   }
@@ -163,6 +166,13 @@ void device_pointers_match_host_pointers(void **) {
   pu_close(ctx, host_pool);
 }
 
+// The CUDA driver, or null. Nothing of this call outlives it: a cmocka skip() leaves the test by
+// longjmp, past every destructor, and LeakSanitizer would report a string left behind.
+const Driver *driver_or_null() {
+  std::string why;
+  return pkv::cuda_driver(&why);
+}
+
 // Appends n[b] tokens of fresh random K/V to each sequence and writes them into every layer.
 void grow(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n, uint32_t count, uint32_t layers, uint32_t width,
           tu_rng *rng) {
@@ -193,8 +203,7 @@ void captured_decode_replays_after_the_batch_grows(void **) {
   const pkv_pool_desc d = pu_desc(L, KV, D, 16, 2048, B, formats[tu_below(&rng, 4)], formats[tu_below(&rng, 4)]);
   print_message("head_dim %u, K %s, V %s\n", D, pkv_format_name(d.k_format), pkv_format_name(d.v_format));
 
-  std::string why;
-  const Driver *cu = pkv::cuda_driver(&why);
+  const Driver *cu = driver_or_null();
   if (!cu) skip();
   pkv_backend_info info = PKV_BACKEND_INFO_INIT;
   check(pkv_backend_query(PKV_BACKEND_CUDA, &info));
@@ -298,10 +307,63 @@ void captured_decode_replays_after_the_batch_grows(void **) {
   cu->cuStreamDestroy(stream);
 }
 
+// The HIP backend has no decode kernel a graph can replay (only the tensor-core one, CUDA-only, can):
+// a decode while the engine's stream captures is refused, and says why. Runs on the HIP stand-in,
+// whose streams are the CUDA driver's, so the capture is begun with the CUDA driver.
+void capture_refused_on_hip(void **) {
+  if (!std::getenv("PKV_TEST_HIP_STANDIN")) skip();
+  enum : uint32_t { KV = 2, Q = 4, D = 128, B = 2 };
+  tu_rng rng = tu_rng_make(tu_seed());
+  const Driver *cu = driver_or_null();
+  if (!cu) skip();
+  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+  check(pkv_backend_query(PKV_BACKEND_HIP, &info));
+  if (info.device_count == 0) skip();
+  DeviceMemory mem(*cu);
+  CUstream stream = nullptr;
+  check_cu(*cu, cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  cd.backend = PKV_BACKEND_HIP;
+  cd.stream = stream;
+  pkv_context *ctx;
+  pkv_pool *pool;
+  check(pkv_context_create(&cd, &ctx));
+  const pkv_pool_desc d = pu_desc(1, KV, D, 16, 64, B, PKV_FORMAT_F16, PKV_FORMAT_Q8_0);
+  check(pkv_pool_create(ctx, &d, &pool));
+  pkv_seq seqs[B];
+  uint32_t n[B] = {20, 100};
+  for (pkv_seq &s : seqs) check(pkv_seq_alloc(pool, &s));
+  grow(pool, seqs, n, B, 1, KV * D, &rng);
+
+  std::vector<float> q(size_t(B) * Q * D, 0.5f);
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.seqs = seqs;
+  a.count = B;
+  a.q_heads = Q;
+  a.memory = PKV_MEMORY_DEVICE;
+  a.q = mem.upload(q.data(), q.size() * 4);
+  a.out = mem.alloc(q.size() * 4);
+  check(pkv_decode(pool, &a));
+  check(pkv_decode_prepare(pool, &a));
+  check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  const pkv_status refused = pkv_decode(pool, &a);
+  const std::string text = pkv_last_error();
+  CUgraph unused = nullptr;
+  cu->cuStreamEndCapture(stream, &unused);
+  if (unused) cu->cuGraphDestroy(unused);
+  pu_assert_fails(refused, PKV_ERR_UNSUPPORTED);
+  if (text.find("the HIP backend has none") == std::string::npos)
+    fail_msg("the refusal does not say why: %s", text.c_str());
+  check(pkv_pool_destroy(pool));
+  check(pkv_context_destroy(ctx));
+  cu->cuStreamDestroy(stream);
+}
+
 } // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {cmocka_unit_test(device_pointers_match_host_pointers),
-                                     cmocka_unit_test(captured_decode_replays_after_the_batch_grows)};
+                                     cmocka_unit_test(captured_decode_replays_after_the_batch_grows),
+                                     cmocka_unit_test(capture_refused_on_hip)};
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,4 +1,6 @@
-/* pkv-info: the pagedkv library's version and what each backend offers on this machine. */
+/* pkv-info: the pagedkv library's version and what each backend offers on this machine: for a GPU
+ * backend the runtime library it opened and the devices it found, or every library it tried and
+ * what each answered. */
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +36,15 @@ int main(void) {
     info.detail[sizeof info.detail - 1] = '\0';
     printf("%-5s %-12s devices: %d  %s\n", pkv_backend_name(backends[i]),
            info.compiled ? "compiled in" : "not compiled", (int)info.device_count, info.detail);
+    /* The detail has room for 255 characters; asking for a context gives the whole story. */
+    if (info.compiled && info.device_count == 0 && strlen(info.detail) == sizeof info.detail - 1) {
+      desc.backend = backends[i];
+      st = pkv_context_create(&desc, &ctx);
+      if (st == PKV_OK) pkv_context_destroy(ctx);
+      else print_failure("      in full", st);
+      ctx = NULL;
+      desc.backend = PKV_BACKEND_AUTO;
+    }
   }
 
   /* What a context with PKV_BACKEND_AUTO (honouring PKV_BACKEND) would run on. */

@@ -1,5 +1,6 @@
-// The CUDA backend: pages in device memory, work on one stream of the device's primary context,
-// kernels from the fatbin embedded at build time (lib/cuda/*.cu), the driver opened at run time.
+// The CUDA backend: the GPU backend (lib/gpu/) on the CUDA driver, opened at run time, with the
+// kernels nvcc built (lib/cuda/*.cu, embedded fatbins) in the device's primary context
+// (cuda_device.cpp).
 #pragma once
 
 #include <memory>

@@ -12,7 +12,7 @@ using namespace pkv_dev;
 namespace {
 
 __device__ __forceinline__ float warp_sum(float x) {
-  for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  for (int m = 16; m > 0; m >>= 1) x += shfl_xor(x, m);
   return x;
 }
 

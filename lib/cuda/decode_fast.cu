@@ -19,17 +19,6 @@ constexpr int VEC = 8;          // values of a row per thread
 constexpr int TT = PKV_FAST_TT; // tokens per z per tile
 constexpr int NS = PKV_FAST_STAGES;
 
-__device__ __forceinline__ void cp_async(void *smem, const void *global, int bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if (bytes == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
-  else if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(global));
-  else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Values [8x, 8x + 8) of a row held in shared memory (data, then scales).
 template <uint32_t F, int D> __device__ __forceinline__ void load8(const uint8_t *row, int x, float *out) {
   if constexpr (F == F16 || F == BF16) {
@@ -159,7 +148,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
 #pragma unroll
       for (int j = 0; j < VEC; j++) dot += q[j] * k[j];
 #pragma unroll
-      for (int o = BDX / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o, BDX);
+      for (int o = BDX / 2; o > 0; o /= 2) dot += shfl_xor(dot, o, BDX);
       s[i] = t < c.token_end && t < visible ? dot : -INFINITY;
       tile_max = fmaxf(tile_max, s[i]);
     }

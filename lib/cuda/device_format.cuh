@@ -3,11 +3,10 @@
 // that pages written here are byte-identical to the CPU backend's.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "kernel_params.h"
+#include "portability.cuh"
 
 namespace pkv_dev {
 
@@ -19,9 +18,6 @@ constexpr uint32_t kNoPart = 0xffffffffu; // PkvChunk.part of a sequence's only 
 __device__ __forceinline__ float half_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t float_to_half(float x) { return __half_as_ushort(__float2half_rn(x)); }
 __device__ __forceinline__ float bf16_to_float(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
-__device__ __forceinline__ uint16_t float_to_bf16(float x) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
 
 // Element i of an F32/F16/BF16 array.
 __device__ __forceinline__ float load_io(uint32_t format, const void *p, uint64_t i) {

@@ -56,7 +56,7 @@ extern "C" __global__ void pkv_read_bandwidth(PkvReadParams p) {
   const uint64_t n = p.bytes / 16;
   uint32_t x = 0;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(data + i);
+    const uint4 v = load_streaming(data + i);
     x ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (x == 0x9E3779B9u) *reinterpret_cast<uint32_t *>(p.sink) = x;

@@ -56,27 +56,27 @@ struct Loaded {
 
 std::unique_ptr<Loaded> load() {
   auto out = std::make_unique<Loaded>();
-  std::string tried;
-  for (const std::string &name : candidates()) {
-    std::string error;
-    DynLib lib = DynLib::open(name, &error);
-    if (!lib) {
-      tried += (tried.empty() ? "" : "; ") + error;
-      continue;
-    }
-    out->driver.library = name;
-    if (!resolve(lib, &out->driver, &out->why)) return out;
-    const CUresult r = out->driver.cuInit(0);
-    if (r != CUDA_SUCCESS) {
-      out->why = name + ": cuInit failed: " + out->driver.describe(r);
-      return out;
-    }
-    out->driver.cuDriverGetVersion(&out->driver.version);
-    out->lib = std::move(lib);
-    out->ok = true;
+  std::string name, tried;
+  DynLib lib = DynLib::open_first(candidates(), &name, &tried);
+  if (!lib) {
+    out->why = "no CUDA driver library could be opened (" + tried + ")";
     return out;
   }
-  out->why = "no CUDA driver library could be opened (" + tried + ")";
+  // What was tried before the library that opened belongs to the story of a failure.
+  const std::string before = tried.empty() ? "" : " (not opened: " + tried + ")";
+  out->driver.library = name;
+  if (!resolve(lib, &out->driver, &out->why)) {
+    out->why += before;
+    return out;
+  }
+  const CUresult r = out->driver.cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    out->why = name + ": cuInit failed: " + out->driver.describe(r) + before;
+    return out;
+  }
+  out->driver.cuDriverGetVersion(&out->driver.version);
+  out->lib = std::move(lib);
+  out->ok = true;
   return out;
 }
 

@@ -25,6 +25,8 @@ constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8;
+constexpr int CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
@@ -53,6 +55,9 @@ constexpr int kApiVersion = 12000;
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice device))                         \
   X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", (CUcontext ctx))                                              \
   X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", (CUcontext * ctx))                                              \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext ctx))                                                   \
+  X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext * ctx))                                                 \
+  X(cuCtxGetDevice, "cuCtxGetDevice", (CUdevice * device))                                                 \
   X(cuStreamCreate, "cuStreamCreate", (CUstream * stream, unsigned int flags))                             \
   X(cuStreamDestroy, "cuStreamDestroy_v2", (CUstream stream))                                              \
   X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                         \

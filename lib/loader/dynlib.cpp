@@ -1,6 +1,8 @@
 #include "dynlib.hpp"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #if defined(_WIN32)
 #include <windows.h>
@@ -57,6 +59,29 @@ DynLib DynLib::open(const std::string &name, std::string *error) {
     *error = text ? text : name + ": could not be opened";
   }
 #endif
+  return lib;
+}
+
+DynLib DynLib::open_first(const std::vector<std::string> &names, std::string *opened, std::string *tried) {
+  std::vector<std::pair<std::string, std::string>> answers; // an answer, the names that got it
+  DynLib lib;
+  opened->clear();
+  for (const std::string &name : names) {
+    std::string error;
+    lib = open(name, &error);
+    if (lib) {
+      *opened = name;
+      break;
+    }
+    // The system's text usually starts with the name itself: keep only the answer.
+    const std::string prefix = name + ": ";
+    if (error.compare(0, prefix.size(), prefix) == 0) error.erase(0, prefix.size());
+    auto same = std::find_if(answers.begin(), answers.end(), [&](const auto &a) { return a.first == error; });
+    if (same == answers.end()) answers.emplace_back(error, name);
+    else same->second += ", " + name;
+  }
+  tried->clear();
+  for (const auto &a : answers) *tried += (tried->empty() ? "" : "; ") + a.second + ": " + a.first;
   return lib;
 }
 

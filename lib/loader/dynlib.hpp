@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace pkv {
 
@@ -18,6 +19,10 @@ class DynLib {
   // Opens `name` (a path, or a name the platform searches for; on Windows a bare name is looked up
   // in the system directory only). On failure returns an empty DynLib and sets *error.
   static DynLib open(const std::string &name, std::string *error);
+  // Opens the first of `names` that opens and sets *opened to it. *tried says what every name before
+  // it answered, names with the same answer together ("a, b: cannot open shared object file: No such
+  // file or directory; c: ..."), so a failure can list every library tried in a few words.
+  static DynLib open_first(const std::vector<std::string> &names, std::string *opened, std::string *tried);
 
   explicit operator bool() const { return handle_ != nullptr; }
   void *symbol(const char *name) const; // nullptr when absent

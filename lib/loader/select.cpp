@@ -9,6 +9,9 @@
 #if PKV_WITH_CUDA
 #include "../cuda/cuda_backend.hpp"
 #endif
+#if PKV_WITH_HIP
+#include "../hip/hip_backend.hpp"
+#endif
 
 namespace pkv {
 
@@ -16,17 +19,20 @@ namespace {
 
 const char *missing_reason(pkv_backend b) {
   return b == PKV_BACKEND_CUDA ? "the CUDA backend is not built into this library (configure with nvcc found, -Dcuda=enabled)"
-                               : "the HIP backend is not built into this library version";
+                               : "the HIP backend is not built into this library (configure with hipcc found, -Dhip=enabled)";
 }
 
 bool compiled(pkv_backend b) {
-  return b == PKV_BACKEND_CPU || (b == PKV_BACKEND_CUDA && PKV_WITH_CUDA);
+  return b == PKV_BACKEND_CPU || (b == PKV_BACKEND_CUDA && PKV_WITH_CUDA) || (b == PKV_BACKEND_HIP && PKV_WITH_HIP);
 }
 
 std::unique_ptr<Backend> make(pkv_backend b, const pkv_context_desc &desc) {
   if (!compiled(b)) fail(PKV_ERR_UNSUPPORTED, "%s", missing_reason(b));
 #if PKV_WITH_CUDA
   if (b == PKV_BACKEND_CUDA) return make_cuda_backend(desc.device, desc.stream);
+#endif
+#if PKV_WITH_HIP
+  if (b == PKV_BACKEND_HIP) return make_hip_backend(desc.device, desc.stream);
 #endif
   return make_cpu_backend(desc.threads);
 }
@@ -80,6 +86,12 @@ void query_backend(pkv_backend backend, pkv_backend_info *info) {
 #if PKV_WITH_CUDA
     if (backend == PKV_BACKEND_CUDA) {
       info->device_count = cuda_devices(&text);
+      detail = text.c_str();
+    }
+#endif
+#if PKV_WITH_HIP
+    if (backend == PKV_BACKEND_HIP) {
+      info->device_count = hip_devices(&text);
       detail = text.c_str();
     }
 #endif

@@ -1,20 +1,18 @@
-#include "cuda_backend.hpp"
+#include "gpu_backend.hpp"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "../cuda/kernel_params.h"
 #include "../error.hpp"
-#include "../loader/cuda_driver.hpp"
-#include "cuda_images.hpp"
-#include "kernel_params.h"
 
 namespace pkv {
 
 namespace {
 
-using namespace cu;
+using namespace gpu;
 
 static_assert(sizeof(PkvTableEntry) == sizeof(TableEntry), "table entries cross to the device as they are");
 static_assert(sizeof(PkvRowSlot) == sizeof(RowSlot), "row slots cross to the device as they are");
@@ -101,28 +99,29 @@ class Upload {
   uint64_t total_ = 0;
 };
 
-class CudaBackend final : public Backend {
+class GpuBackend final : public Backend {
  public:
-  CudaBackend(const Driver &driver, int ordinal, void *stream) : cu_(driver) {
-    check(cu_.cuDeviceGet(&device_, ordinal), "cuDeviceGet");
-    check(cu_.cuDevicePrimaryCtxRetain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
+  GpuBackend(std::unique_ptr<Device> device, void *stream) : dev_(std::move(device)) {
+    kind_ = decode_kind_from_environment();
     try {
       Current current(*this);
-      int sms = 0;
-      check(cu_.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_), "cuDeviceGetAttribute");
+      int sms = 0, warp = 0;
+      check(dev_->attribute(Attribute::multiprocessors, &sms));
+      check(dev_->attribute(Attribute::warp_size, &warp));
       sms_ = uint32_t(std::max(1, sms));
+      warp_ = unsigned(std::max(1, warp));
       if (stream) {
-        stream_ = static_cast<CUstream>(stream);
+        stream_ = static_cast<Stream>(stream);
       } else {
-        check(cu_.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        check(dev_->stream_create(&stream_));
         own_stream_ = true;
       }
-      for (HostStage &h : stages_) check(cu_.cuEventCreate(&h.sent, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-      load_module(cuda_image_pages, &pages_module_);
-      load_module(cuda_image_decode, &decode_module_);
-      load_module(cuda_image_decode_fast, &fast_module_);
-      load_module(cuda_image_decode_mma, &mma_module_);
-      kind_ = decode_kind_from_environment();
+      for (HostStage &h : stages_) check(dev_->event_create(&h.sent, false));
+      const Images &images = dev_->images();
+      load_module(images.pages, &pages_module_);
+      load_module(images.decode, &decode_module_);
+      load_module(images.fast, &fast_module_);
+      if (images.mma) load_module(images.mma, &mma_module_);
       apply_table_ = function(pages_module_, "pkv_apply_table");
       scatter_ = function(pages_module_, "pkv_scatter");
       gather_ = function(pages_module_, "pkv_gather");
@@ -137,9 +136,9 @@ class CudaBackend final : public Backend {
     }
   }
 
-  ~CudaBackend() override { teardown(); }
+  ~GpuBackend() override { teardown(); }
 
-  pkv_backend kind() const override { return PKV_BACKEND_CUDA; }
+  pkv_backend kind() const override { return dev_->kind(); }
   uint32_t workers(const PoolGeometry &g, uint32_t rows) override {
     if (decode_kind(g) != DecodeKind::mma) return sms_;
     const unsigned mtiles = mma_tiles(rows);
@@ -148,9 +147,8 @@ class CudaBackend final : public Backend {
     if (!n) {
       Current current(*this);
       int blocks = 0;
-      check(cu_.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_function(g), mtiles * PKV_MMA_WARPS * 32,
-                                                            mma_shared_bytes(g, mtiles)),
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+      check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g), mtiles * PKV_MMA_WARPS * 32,
+                                            mma_shared_bytes(g, mtiles)));
       n = uint32_t(std::max(1, blocks));
     }
     return sms_ * n;
@@ -167,22 +165,22 @@ class CudaBackend final : public Backend {
 
   DevPtr alloc(uint64_t bytes) override {
     Current current(*this);
-    CUdeviceptr p = 0;
-    const CUresult r = cu_.cuMemAlloc(&p, size_t(std::max<uint64_t>(bytes, 1)));
-    if (r == CUDA_ERROR_OUT_OF_MEMORY)
-      fail(PKV_ERR_OUT_OF_MEMORY, "cuMemAlloc of %llu bytes: the device has too little free memory",
+    DevPtr p = 0;
+    const Call c = dev_->alloc(&p, size_t(std::max<uint64_t>(bytes, 1)));
+    if (c.result == kOutOfMemory)
+      fail(PKV_ERR_OUT_OF_MEMORY, "%s of %llu bytes: the device has too little free memory", c.name,
            (unsigned long long)bytes);
-    check(r, "cuMemAlloc");
+    check(c);
     return p;
   }
 
   void release(DevPtr ptr) noexcept override {
     if (!ptr) return;
-    CUcontext popped;
-    if (cu_.cuCtxPushCurrent(ctx_) != CUDA_SUCCESS) return;
-    cu_.cuStreamSynchronize(stream_); // the memory may still be read by queued work
-    cu_.cuMemFree(ptr);
-    cu_.cuCtxPopCurrent(&popped);
+    int token = 0;
+    if (dev_->enter(&token).result != kSuccess) return;
+    dev_->stream_synchronize(stream_); // the memory may still be read by queued work
+    dev_->free(ptr);
+    dev_->leave(token);
   }
 
   void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) override {
@@ -238,9 +236,9 @@ class CudaBackend final : public Backend {
     p.layer = a.layer;
     p.format = uint32_t(a.format);
     launch(gather_, blocks_for(2ull * a.rows * g.kv_heads * g.head_dim, kThreads), 1, 1, &p, kThreads);
-    if (host && a.k) check(cu_.cuMemcpyDtoHAsync(a.k, p.k, row_bytes, stream_), "cuMemcpyDtoHAsync");
-    if (host && a.v) check(cu_.cuMemcpyDtoHAsync(a.v, p.v, row_bytes, stream_), "cuMemcpyDtoHAsync");
-    check(cu_.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    if (host && a.k) check(dev_->copy_to_host(a.k, p.k, row_bytes, stream_));
+    if (host && a.v) check(dev_->copy_to_host(a.v, p.v, row_bytes, stream_));
+    check(dev_->stream_synchronize(stream_));
   }
 
   void prepare_decode(const PoolGeometry &g, const DecodeBatch &b) override {
@@ -261,16 +259,18 @@ class CudaBackend final : public Backend {
     const uint64_t part_rows = parts * b.q_tokens * b.q_heads;
     const uint64_t counters = parts * g.kv_heads * k.row_tiles;
 
-    int capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    check(cu_.cuStreamIsCapturing(stream_, &capture), "cuStreamIsCapturing");
-    if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    int capture = 0;
+    check(dev_->stream_capture_status(stream_, &capture));
+    if (capture != 0) {
       if (host) fail(PKV_ERR_INVALID_ARGUMENT, "a decode captured in a graph needs memory = PKV_MEMORY_DEVICE");
       if (upload)
         fail(PKV_ERR_INVALID_ARGUMENT, "the stream is capturing a graph but this batch's plan is not on the device: call "
              "pkv_decode_prepare with the batch before capturing (and before each replay after it changed)");
-      if (k.kind != DecodeKind::mma)
+      if (k.kind != DecodeKind::mma) {
+        const std::string none = dev_->images().mma ? "" : std::string("; the ") + dev_->name() + " backend has none";
         fail(PKV_ERR_UNSUPPORTED, "only the tensor-core decode kernel can be captured (pages of F16, BF16, Q8_0 or "
-             "Q4_0 with head_dim 64, 128 or 256, PKV_DECODE_KERNEL unset)");
+             "Q4_0 with head_dim 64, 128 or 256, PKV_DECODE_KERNEL unset)%s", none.c_str());
+      }
       if (part_rows * g.head_dim * 4 > part_out_.bytes || counters * 4 > counters_.bytes)
         fail(PKV_ERR_INVALID_ARGUMENT, "decode a batch of this shape once before capturing it: its scratch buffers are "
              "sized on first use");
@@ -279,7 +279,7 @@ class CudaBackend final : public Backend {
     grow_kept(&part_out_, part_rows * g.head_dim * 4);
     grow_kept(&part_lse_, part_rows * 4);
     if (grow_kept(&counters_, counters * 4))
-      check(cu_.cuMemsetD32Async(counters_.ptr, 0, size_t(counters_.bytes / 4), stream_), "cuMemsetD32Async");
+      check(dev_->fill32(counters_.ptr, 0, size_t(counters_.bytes / 4), stream_));
 
     Upload up;
     const uint64_t q_at = host ? up.add(b.q, q_bytes) : 0;
@@ -329,15 +329,15 @@ class CudaBackend final : public Backend {
     // The older kernels leave split sequences to the merge kernel.
     if (k.kind != DecodeKind::mma && plan.parts) launch(merge_, b.count * b.q_tokens, b.q_heads, 1, &p, std::min(256u, g.head_dim));
     if (host) {
-      check(cu_.cuMemcpyDtoHAsync(b.out, p.out, out_bytes, stream_), "cuMemcpyDtoHAsync");
-      if (b.lse) check(cu_.cuMemcpyDtoHAsync(b.lse, p.lse, heads * 4, stream_), "cuMemcpyDtoHAsync");
-      check(cu_.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+      check(dev_->copy_to_host(b.out, p.out, out_bytes, stream_));
+      if (b.lse) check(dev_->copy_to_host(b.lse, p.lse, heads * 4, stream_));
+      check(dev_->stream_synchronize(stream_));
     }
   }
 
   void synchronize() override {
     Current current(*this);
-    check(cu_.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    check(dev_->stream_synchronize(stream_));
   }
 
   // Best of several timed passes of pkv_read_bandwidth over a buffer far larger than the L2.
@@ -345,20 +345,20 @@ class CudaBackend final : public Backend {
     Current current(*this);
     const uint64_t n = std::max<uint64_t>(bytes ? bytes : 2ull << 30, 1 << 20) & ~uint64_t(15);
     DeviceBuffer buf;
-    CUevent start = nullptr, end = nullptr;
+    Event start = nullptr, end = nullptr;
     double best = 0.0;
     try {
-      check(cu_.cuMemAlloc(&buf.ptr, size_t(n) + 16), "cuMemAlloc (bandwidth buffer)");
-      check(cu_.cuEventCreate(&start, 0), "cuEventCreate");
-      check(cu_.cuEventCreate(&end, 0), "cuEventCreate");
+      check(dev_->alloc(&buf.ptr, size_t(n) + 16), " (bandwidth buffer)");
+      check(dev_->event_create(&start, true));
+      check(dev_->event_create(&end, true));
       PkvReadParams p{buf.ptr, n, buf.ptr + n};
       for (int pass = 0; pass < 12; pass++) {
-        check(cu_.cuEventRecord(start, stream_), "cuEventRecord");
+        check(dev_->event_record(start, stream_));
         launch(read_bandwidth_, sms_ * 8, 1, 1, &p, 512);
-        check(cu_.cuEventRecord(end, stream_), "cuEventRecord");
-        check(cu_.cuEventSynchronize(end), "cuEventSynchronize");
+        check(dev_->event_record(end, stream_));
+        check(dev_->event_synchronize(end));
         float ms = 0.0f;
-        check(cu_.cuEventElapsedTime(&ms, start, end), "cuEventElapsedTime");
+        check(dev_->event_elapsed_ms(&ms, start, end));
         if (pass > 1) best = std::max(best, double(n) / (double(ms) * 1e-3) / 1e9); // two warm-up passes
       }
     } catch (...) {
@@ -370,62 +370,63 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Makes the backend's context current on this thread for the scope.
+  // Makes the backend's device current on this thread for the scope.
   struct Current {
-    explicit Current(CudaBackend &b) : b_(b) { b_.check(b_.cu_.cuCtxPushCurrent(b_.ctx_), "cuCtxPushCurrent"); }
-    ~Current() {
-      CUcontext popped;
-      b_.cu_.cuCtxPopCurrent(&popped);
-    }
-    CudaBackend &b_;
+    explicit Current(GpuBackend &b) : b_(b) { b_.check(b_.dev_->enter(&token_)); }
+    ~Current() { b_.dev_->leave(token_); }
+    GpuBackend &b_;
+    int token_ = 0;
   };
 
   struct DeviceBuffer {
-    CUdeviceptr ptr = 0;
+    DevPtr ptr = 0;
     uint64_t bytes = 0;
   };
 
-  void check(CUresult r, const char *what) const {
-    if (r == CUDA_SUCCESS) return;
-    fail(r == CUDA_ERROR_OUT_OF_MEMORY ? PKV_ERR_OUT_OF_MEMORY : PKV_ERR_BACKEND, "%s: %s", what, cu_.describe(r).c_str());
+  // `what` follows the call's name in the message: "cuMemAlloc (scratch)".
+  void check(Call c, const char *what = "") const {
+    if (c.result == kSuccess) return;
+    fail(c.result == kOutOfMemory ? PKV_ERR_OUT_OF_MEMORY : PKV_ERR_BACKEND, "%s%s: %s", c.name, what,
+         dev_->describe(c.result).c_str());
   }
 
-  void destroy_events_and(DeviceBuffer &buf, CUevent start, CUevent end) noexcept {
-    if (start) cu_.cuEventDestroy(start);
-    if (end) cu_.cuEventDestroy(end);
-    if (buf.ptr) cu_.cuMemFree(buf.ptr);
+  void destroy_events_and(DeviceBuffer &buf, Event start, Event end) noexcept {
+    if (start) dev_->event_destroy(start);
+    if (end) dev_->event_destroy(end);
+    if (buf.ptr) dev_->free(buf.ptr);
   }
 
-  void load_module(const unsigned char *image, CUmodule *module) {
-    const CUresult r = cu_.cuModuleLoadData(module, image);
-    if (r != CUDA_SUCCESS) {
-      int major = 0, minor = 0;
-      cu_.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
-      cu_.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
-      fail(PKV_ERR_UNSUPPORTED,
-           "the kernels (built for %s) do not load on this device (sm_%d%d, driver %d.%d): %s", PKV_CUDA_TARGETS, major,
-           minor, cu_.version / 1000, cu_.version % 1000 / 10, cu_.describe(r).c_str());
-    }
+  void load_module(const unsigned char *image, Module *module) {
+    const Call c = dev_->module_load(module, image);
+    if (c.result != kSuccess)
+      fail(PKV_ERR_UNSUPPORTED, "the kernels (built for %s) do not load on this device (%s): %s", dev_->images().targets,
+           dev_->identity().c_str(), dev_->describe(c.result).c_str());
   }
 
-  CUfunction function(CUmodule module, const char *name) {
-    CUfunction f = nullptr;
-    check(cu_.cuModuleGetFunction(&f, module, name), name);
+  Function function(Module module, const char *name) {
+    Function f = nullptr;
+    check(dev_->function(&f, module, name), (" " + std::string(name)).c_str());
     return f;
   }
 
   template <class Params>
-  void launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, Params *params, unsigned bx, unsigned by = 1,
+  void launch(Function f, unsigned gx, unsigned gy, unsigned gz, Params *params, unsigned bx, unsigned by = 1,
               unsigned bz = 1, unsigned shared_bytes = 0) {
     void *args[] = {params};
-    check(cu_.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared_bytes, stream_, args, nullptr), "cuLaunchKernel");
+    check(dev_->launch(f, gx, gy, gz, bx, by, bz, shared_bytes, stream_, args));
   }
 
-  static DecodeKind decode_kind_from_environment() {
+  // PKV_DECODE_KERNEL=mma|fast|generic picks a family for A/B runs; by default the newest the runtime
+  // has (the tensor-core kernels are CUDA-only).
+  DecodeKind decode_kind_from_environment() const {
     const char *kernel = std::getenv("PKV_DECODE_KERNEL");
+    const bool mma = dev_->images().mma != nullptr;
     if (kernel && std::strcmp(kernel, "fast") == 0) return DecodeKind::fast;
     if (kernel && std::strcmp(kernel, "generic") == 0) return DecodeKind::generic;
-    return DecodeKind::mma;
+    if (kernel && std::strcmp(kernel, "mma") == 0 && !mma)
+      fail(PKV_ERR_UNSUPPORTED, "PKV_DECODE_KERNEL=mma: the tensor-core decode kernels are CUDA-only; the %s backend "
+           "has fast and generic", dev_->name());
+    return mma ? DecodeKind::mma : DecodeKind::fast;
   }
 
   // The decode kernel for this pool and batch, and its launch shape: the chosen family where it has
@@ -433,7 +434,7 @@ class CudaBackend final : public Backend {
   // else the generic one.
   struct DecodeKernel {
     DecodeKind kind = DecodeKind::generic;
-    CUfunction fn = nullptr;
+    Function fn = nullptr;
     unsigned row_tiles = 1, mtiles = 1, bdy = 0, bdz = 0, shared_bytes = 0;
   };
 
@@ -445,21 +446,19 @@ class CudaBackend final : public Backend {
   }
 
   // The specialised kernel of a family for the pool's head_dim and formats, looked up once.
-  CUfunction specialised_function(const PoolGeometry &g, DecodeKind kind) {
+  Function specialised_function(const PoolGeometry &g, DecodeKind kind) {
     const bool mma = kind == DecodeKind::mma;
-    CUfunction &fn = (mma ? mma_functions_ : fast_functions_)[g.head_dim / 128][g.k.format - PKV_FORMAT_F16]
+    Function &fn = (mma ? mma_functions_ : fast_functions_)[g.head_dim / 128][g.k.format - PKV_FORMAT_F16]
                                                              [g.v.format - PKV_FORMAT_F16];
     if (fn) return fn;
     const std::string name = std::string(mma ? "pkv_decode_mma_" : "pkv_decode_fast_") + std::to_string(g.head_dim) +
                              "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
-    CUfunction f = function(mma ? mma_module_ : fast_module_, name.c_str());
-    if (mma)
-      check(cu_.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(mma_shared_bytes(g, 2))),
-            name.c_str());
+    Function f = function(mma ? mma_module_ : fast_module_, name.c_str());
+    if (mma) check(dev_->tensor_cores()->set_shared_limit(f, int(mma_shared_bytes(g, 2))), (" " + name).c_str());
     fn = f;
     return fn;
   }
-  CUfunction mma_function(const PoolGeometry &g) { return specialised_function(g, DecodeKind::mma); }
+  Function mma_function(const PoolGeometry &g) { return specialised_function(g, DecodeKind::mma); }
 
   DecodeKernel decode_kernel(const PoolGeometry &g, const DecodeBatch &b) {
     const uint32_t D = g.head_dim, rows = b.q_tokens * (b.q_heads / g.kv_heads); // query rows a KV head serves
@@ -480,13 +479,14 @@ class CudaBackend final : public Backend {
     // Shared-memory row strides as the fast kernel lays them out: data then scales, 16-byte aligned.
     auto stride = [](const PlaneLayout &l) { return unsigned(align16(l.row_data_bytes + l.row_scale_bytes)); };
     const unsigned bdx = D / 8, row_bytes = stride(g.k) + stride(g.v), max_threads = PKV_FAST_MAX_THREADS;
+    // Whole warps (wavefronts on AMD: 32 or 64 lanes, as the runtime says): the row reductions shuffle.
     k.bdy = std::min(rows, max_threads / bdx);
     k.bdz = 1;
-    while ((bdx * k.bdy * k.bdz) % 32 != 0) k.bdz *= 2; // whole warps: the row reductions shuffle
-    while (bdx * k.bdy * k.bdz > max_threads) {         // an odd group too large for that: fewer heads
+    while ((bdx * k.bdy * k.bdz) % warp_ != 0) k.bdz *= 2;
+    while (bdx * k.bdy * k.bdz > max_threads) { // an odd group too large for that: fewer heads
       k.bdy -= 1;
       k.bdz = 1;
-      while ((bdx * k.bdy * k.bdz) % 32 != 0) k.bdz *= 2;
+      while ((bdx * k.bdy * k.bdz) % warp_ != 0) k.bdz *= 2;
     }
     auto stages = [&](unsigned bdz) { return PKV_FAST_STAGES * PKV_FAST_TT * bdz * row_bytes; };
     while (bdx * k.bdy * k.bdz * 2 <= max_threads && stages(k.bdz * 2) <= kFastSharedLimit) k.bdz *= 2;
@@ -552,11 +552,11 @@ class CudaBackend final : public Backend {
   // Grows a scratch buffer; the old one may still be in use by queued work, so wait for it first.
   void ensure(DeviceBuffer *buf, uint64_t bytes) {
     if (bytes <= buf->bytes) return;
-    check(cu_.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    check(dev_->stream_synchronize(stream_));
     const uint64_t want = std::max(bytes, 2 * buf->bytes);
-    if (buf->ptr) cu_.cuMemFree(buf->ptr);
+    if (buf->ptr) dev_->free(buf->ptr);
     *buf = DeviceBuffer{};
-    check(cu_.cuMemAlloc(&buf->ptr, size_t(want)), "cuMemAlloc (scratch)");
+    check(dev_->alloc(&buf->ptr, size_t(want)), " (scratch)");
     buf->bytes = want;
   }
 
@@ -567,7 +567,7 @@ class CudaBackend final : public Backend {
     if (bytes <= buf->bytes) return false;
     kept_.push_back(*buf);
     *buf = DeviceBuffer{};
-    check(cu_.cuMemAlloc(&buf->ptr, size_t(bytes)), "cuMemAlloc (decode scratch)");
+    check(dev_->alloc(&buf->ptr, size_t(bytes)), " (decode scratch)");
     buf->bytes = bytes;
     return true;
   }
@@ -579,14 +579,14 @@ class CudaBackend final : public Backend {
     if (up.total() == 0) return 0;
     HostStage &h = stages_[next_stage_];
     next_stage_ = 1 - next_stage_;
-    if (h.pending) check(cu_.cuEventSynchronize(h.sent), "cuEventSynchronize");
+    if (h.pending) check(dev_->event_synchronize(h.sent));
     h.pending = false;
     if (up.total() > h.bytes) {
       const uint64_t want = std::max<uint64_t>(up.total(), 2 * h.bytes + (1 << 20));
-      if (h.ptr) cu_.cuMemFreeHost(h.ptr);
+      if (h.ptr) dev_->host_free(h.ptr);
       h.ptr = nullptr;
       h.bytes = 0;
-      check(cu_.cuMemHostAlloc(&h.ptr, size_t(want), CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (staging)");
+      check(dev_->host_alloc(&h.ptr, size_t(want)), " (staging)");
       h.bytes = want;
     }
     if (!dst) {
@@ -594,52 +594,49 @@ class CudaBackend final : public Backend {
       dst = device_stage_.ptr;
     }
     up.copy_into(static_cast<uint8_t *>(h.ptr));
-    check(cu_.cuMemcpyHtoDAsync(dst, h.ptr, size_t(up.total()), stream_), "cuMemcpyHtoDAsync");
-    check(cu_.cuEventRecord(h.sent, stream_), "cuEventRecord");
+    check(dev_->copy_to_device(dst, h.ptr, size_t(up.total()), stream_));
+    check(dev_->event_record(h.sent, stream_));
     h.pending = true;
     return dst;
   }
 
+  // Everything the backend made, in the device's context; the device itself is released after
+  // (dev_ is destroyed last).
   void teardown() noexcept {
-    CUcontext popped;
-    if (!ctx_ || cu_.cuCtxPushCurrent(ctx_) != CUDA_SUCCESS) return;
-    if (stream_) cu_.cuStreamSynchronize(stream_);
+    int token = 0;
+    if (dev_->enter(&token).result != kSuccess) return;
+    if (stream_) dev_->stream_synchronize(stream_);
     for (DeviceBuffer *b : {&device_stage_, &part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_})
-      if (b->ptr) cu_.cuMemFree(b->ptr);
+      if (b->ptr) dev_->free(b->ptr);
     for (DeviceBuffer &b : kept_)
-      if (b.ptr) cu_.cuMemFree(b.ptr);
+      if (b.ptr) dev_->free(b.ptr);
     for (HostStage &h : stages_) {
-      if (h.ptr) cu_.cuMemFreeHost(h.ptr);
-      if (h.sent) cu_.cuEventDestroy(h.sent);
+      if (h.ptr) dev_->host_free(h.ptr);
+      if (h.sent) dev_->event_destroy(h.sent);
     }
-    if (pages_module_) cu_.cuModuleUnload(pages_module_);
-    if (decode_module_) cu_.cuModuleUnload(decode_module_);
-    if (fast_module_) cu_.cuModuleUnload(fast_module_);
-    if (mma_module_) cu_.cuModuleUnload(mma_module_);
-    if (own_stream_) cu_.cuStreamDestroy(stream_);
-    cu_.cuCtxPopCurrent(&popped);
-    cu_.cuDevicePrimaryCtxRelease(device_);
-    ctx_ = nullptr;
+    for (Module m : {pages_module_, decode_module_, fast_module_, mma_module_})
+      if (m) dev_->module_unload(m);
+    if (own_stream_) dev_->stream_destroy(stream_);
+    dev_->leave(token);
   }
 
-  const Driver &cu_;
-  CUdevice device_ = 0;
-  CUcontext ctx_ = nullptr;
-  CUstream stream_ = nullptr;
+  std::unique_ptr<Device> dev_;
+  Stream stream_ = nullptr;
   bool own_stream_ = false;
   uint32_t sms_ = 1;
-  CUmodule pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
+  unsigned warp_ = 32; // lanes a warp (wavefront) has
+  Module pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
   DecodeKind kind_ = DecodeKind::mma;
   // [head_dim 64/128/256][K format][V format], looked up once
-  CUfunction fast_functions_[3][4][4] = {}, mma_functions_[3][4][4] = {};
+  Function fast_functions_[3][4][4] = {}, mma_functions_[3][4][4] = {};
   uint32_t mma_blocks_per_sm_[3][4][4][2] = {}; // [..][row tiles a block serves: 1, 2]
-  CUfunction apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
-  CUfunction read_bandwidth_ = nullptr;
-  CUfunction partial_[8] = {};
+  Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
+  Function read_bandwidth_ = nullptr;
+  Function partial_[8] = {};
   struct HostStage {
     void *ptr = nullptr;
     uint64_t bytes = 0;
-    CUevent sent = nullptr; // the transfer out of it has finished
+    Event sent = nullptr; // the transfer out of it has finished
     bool pending = false;
   };
   HostStage stages_[2];
@@ -648,58 +645,10 @@ class CudaBackend final : public Backend {
   std::vector<DeviceBuffer> kept_; // outgrown decode scratch (grow_kept)
 };
 
-const Driver &driver_or_fail() {
-  std::string why;
-  const Driver *d = cuda_driver(&why);
-  if (!d) fail(PKV_ERR_NO_DEVICE, "%s", why.c_str());
-  if (d->version < PKV_CUDA_IMAGE_VERSION)
-    fail(PKV_ERR_UNSUPPORTED, "the CUDA driver (%s) supports CUDA %d.%d; the kernels were built with CUDA %d.%d: update the driver",
-         d->library.c_str(), d->version / 1000, d->version % 1000 / 10, PKV_CUDA_IMAGE_VERSION / 1000,
-         PKV_CUDA_IMAGE_VERSION % 1000 / 10);
-  return *d;
-}
-
 } // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int ordinal, void *stream) {
-  const Driver &d = driver_or_fail();
-  int count = 0;
-  const CUresult r = d.cuDeviceGetCount(&count);
-  if (r != CUDA_SUCCESS || count == 0)
-    fail(PKV_ERR_NO_DEVICE, "the CUDA driver (%s) found no device%s%s", d.library.c_str(), r ? ": " : "",
-         r ? d.describe(r).c_str() : "");
-  if (ordinal < 0 || ordinal >= count)
-    fail(PKV_ERR_NO_DEVICE, "device %d does not exist: the CUDA driver found %d device%s", ordinal, count,
-         count == 1 ? "" : "s");
-  return std::make_unique<CudaBackend>(d, ordinal, stream);
-}
-
-int cuda_devices(std::string *detail) {
-  std::string why;
-  const Driver *d = cuda_driver(&why);
-  if (!d) {
-    *detail = why;
-    return 0;
-  }
-  int count = 0;
-  if (d->cuDeviceGetCount(&count) != CUDA_SUCCESS) count = 0;
-  *detail = d->library + ", driver API " + std::to_string(d->version / 1000) + "." + std::to_string(d->version % 1000 / 10);
-  for (int i = 0; i < count; i++) {
-    CUdevice dev;
-    char name[128] = {0};
-    int major = 0, minor = 0, sms = 0;
-    size_t bytes = 0;
-    d->cuDeviceGet(&dev, i);
-    d->cuDeviceGetName(name, sizeof name - 1, dev);
-    d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-    d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    d->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    d->cuDeviceTotalMem(&bytes, dev);
-    *detail += "; " + std::to_string(i) + ": " + name + " (sm_" + std::to_string(major) + std::to_string(minor) + ", " +
-               std::to_string(sms) + " SMs, " + std::to_string(bytes >> 30) + " GiB)";
-  }
-  if (count == 0) *detail += "; no device";
-  return count;
+std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream) {
+  return std::make_unique<GpuBackend>(std::move(device), stream);
 }
 
 } // namespace pkv

@@ -1,0 +1,17 @@
+// The GPU backend: pages in device memory, work on one stream of one device, the kernels of
+// lib/cuda/*.cu. One implementation for every vendor runtime that provides a gpu::Device (the CUDA
+// driver, the HIP runtime).
+#pragma once
+
+#include <memory>
+
+#include "../backend.hpp"
+#include "gpu_device.hpp"
+
+namespace pkv {
+
+// `stream`: the engine's stream, or null for one of the backend's own. Throws with a clear status
+// when the device's kernels do not load or a decode kernel asked for does not exist on it.
+std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream);
+
+} // namespace pkv

@@ -1,0 +1,9 @@
+// The kernel images hipcc built: per kernel file, one clang offload bundle holding a code object for
+// every target of -Dhip_archs (lib/hip/meson.build), embedded by lib/cuda/embed.py at build time.
+#pragma once
+
+namespace pkv {
+extern const unsigned char hip_image_pages[];
+extern const unsigned char hip_image_decode[];
+extern const unsigned char hip_image_decode_fast[];
+} // namespace pkv
