@@ -360,10 +360,9 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
       cp_async_wait<M::NS - 1>();
       __syncthreads();
       const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
-      {
-      const int sub = slice; // this warp's 16 tokens of the stage
-      const uint8_t *k_rows = stage + sub * SUB * K::stride, *v_rows = stage + TILE * K::stride + sub * SUB * V::stride;
-      const uint32_t t_warp = c.token_begin + tile * TILE + sub * SUB;
+      // This warp's 16 tokens of the stage.
+      const uint8_t *k_rows = stage + slice * SUB * K::stride, *v_rows = stage + TILE * K::stride + slice * SUB * V::stride;
+      const uint32_t t_warp = c.token_begin + tile * TILE + slice * SUB;
 
       // S for this warp's 16 tokens: n-tile j holds tokens 8j .. 8j + 7; thread: rows gid, gid + 8,
       // tokens 8j + 2 tig, + 1.
@@ -499,7 +498,6 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
             mma16<f16>(o[nt + 1], a[sp], b[2], b[3]);
           }
         }
-      }
       }
       __syncthreads(); // the stage is refilled next
     }
