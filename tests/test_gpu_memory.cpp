@@ -1,5 +1,6 @@
 // Device pointers, as engines pass them: K/V rows written from device memory, rows read back into
-// it, q, out and lse in it. The results must be the same bits as the same calls with host pointers.
+// it, q (also at an address off 16-byte alignment), out and lse in it. The results must be the same
+// bits as the same calls with host pointers.
 // And decode captured in a CUDA graph on the engine's stream: replayed after the batch grew (and
 // pkv_decode_prepare put the new plan on the device), it must give the same bits as a direct call;
 // on the HIP backend, which has no kernel that can be captured, the capture is refused.
@@ -161,6 +162,30 @@ void device_pointers_match_host_pointers(void **) {
     fail_msg("decode with device pointers differs from decode with host pointers");
   for (float x : out)
     if (std::isnan(x)) fail_msg("an output was not written");
+
+  // F16 q read from a device address 4 bytes past a 16-byte boundary (an engine's slice of a larger
+  // buffer): the kernels must not assume 16-byte alignment, and the bits equal the host decode's.
+  std::vector<uint16_t> q16(q.size());
+  check(pkv_convert_from_f32(PKV_FORMAT_F16, q.data(), q.size(), q16.data()));
+  std::vector<float> out16(q.size(), NAN);
+  a.seqs = hs;
+  a.memory = PKV_MEMORY_HOST;
+  a.q_format = PKV_FORMAT_F16;
+  a.q = q16.data();
+  a.out = out16.data();
+  a.lse = nullptr;
+  check(pkv_decode(host_pool, &a));
+  a.seqs = ds;
+  a.memory = PKV_MEMORY_DEVICE;
+  a.q = static_cast<uint8_t *>(mem.alloc(q16.size() * 2 + 16)) + 4;
+  check_cu(mem.cu, mem.cu.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(a.q), q16.data(), q16.size() * 2, nullptr),
+           "cuMemcpyHtoDAsync");
+  check_cu(mem.cu, mem.cu.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  a.out = mem.upload(poison.data(), poison.size() * 4);
+  check(pkv_decode(dev_pool, &a));
+  check(pkv_context_synchronize(ctx));
+  if (std::memcmp(mem.download<float>(a.out, out16.size()).data(), out16.data(), out16.size() * 4) != 0)
+    fail_msg("decode of an unaligned device q differs from decode of host q");
 
   check(pkv_pool_destroy(dev_pool));
   pu_close(ctx, host_pool);
