@@ -1,11 +1,10 @@
 #include "cuda_driver.hpp"
 
 #include <cstdlib>
-#include <memory>
 #include <mutex>
 #include <vector>
 
-#include "dynlib.hpp"
+#include "runtime_library.hpp"
 
 namespace pkv {
 
@@ -47,37 +46,15 @@ bool resolve(const DynLib &lib, Driver *d, std::string *why) {
   return true;
 }
 
-struct Loaded {
-  DynLib lib;
-  Driver driver;
-  std::string why;
-  bool ok = false;
-};
-
-std::unique_ptr<Loaded> load() {
-  auto out = std::make_unique<Loaded>();
-  std::string name, tried;
-  DynLib lib = DynLib::open_first(candidates(), &name, &tried);
-  if (!lib) {
-    out->why = "no CUDA driver library could be opened (" + tried + ")";
-    return out;
-  }
-  // What was tried before the library that opened belongs to the story of a failure.
-  const std::string before = tried.empty() ? "" : " (not opened: " + tried + ")";
-  out->driver.library = name;
-  if (!resolve(lib, &out->driver, &out->why)) {
-    out->why += before;
-    return out;
-  }
-  const CUresult r = out->driver.cuInit(0);
+// cuInit, then the driver's version.
+bool init(Driver *d, std::string *why) {
+  const CUresult r = d->cuInit(0);
   if (r != CUDA_SUCCESS) {
-    out->why = name + ": cuInit failed: " + out->driver.describe(r) + before;
-    return out;
+    *why = d->library + ": cuInit failed: " + d->describe(r);
+    return false;
   }
-  out->driver.cuDriverGetVersion(&out->driver.version);
-  out->lib = std::move(lib);
-  out->ok = true;
-  return out;
+  d->cuDriverGetVersion(&d->version);
+  return true;
 }
 
 } // namespace
@@ -91,13 +68,13 @@ std::string cu::Driver::describe(CUresult r) const {
 
 const cu::Driver *cuda_driver(std::string *why) {
   static std::once_flag once;
-  static std::unique_ptr<Loaded> loaded;
-  std::call_once(once, [] { loaded = load(); });
-  if (!loaded->ok) {
+  static const RuntimeLibrary<Driver> *loaded = nullptr;
+  std::call_once(once, [] { loaded = open_runtime_library<Driver>(candidates(), "CUDA driver library", resolve, init); });
+  if (!loaded->why.empty()) {
     *why = loaded->why;
     return nullptr;
   }
-  return &loaded->driver;
+  return &loaded->table;
 }
 
 } // namespace pkv

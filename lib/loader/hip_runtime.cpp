@@ -1,11 +1,10 @@
 #include "hip_runtime.hpp"
 
 #include <cstdlib>
-#include <memory>
 #include <mutex>
 #include <vector>
 
-#include "dynlib.hpp"
+#include "runtime_library.hpp"
 
 namespace pkv {
 
@@ -41,39 +40,15 @@ bool resolve(const DynLib &lib, Runtime *r, std::string *why) {
   return true;
 }
 
-struct Loaded {
-  DynLib lib;
-  Runtime runtime;
-  std::string why;
-  bool ok = false;
-};
-
-std::unique_ptr<Loaded> load() {
-  auto out = std::make_unique<Loaded>();
-  std::string name, tried;
-  DynLib lib = DynLib::open_first(candidates(), &name, &tried);
-  if (!lib) {
-    out->why = "no HIP runtime library could be opened (" + tried + ")";
-    return out;
-  }
-  // What was tried before the library that opened belongs to the story of a failure.
-  const std::string before = tried.empty() ? "" : " (not opened: " + tried + ")";
-  out->runtime.library = name;
-  // Kept open whatever follows: hipInit may have started the runtime's own threads and exit
-  // handlers, which must not find their code unloaded.
-  out->lib = std::move(lib);
-  if (!resolve(out->lib, &out->runtime, &out->why)) {
-    out->why += before;
-    return out;
-  }
-  const hipError_t e = out->runtime.hipInit(0);
+// hipInit, then the runtime's version.
+bool init(Runtime *r, std::string *why) {
+  const hipError_t e = r->hipInit(0);
   if (e != hipSuccess) {
-    out->why = name + ": hipInit failed: " + out->runtime.describe(e) + before;
-    return out;
+    *why = r->library + ": hipInit failed: " + r->describe(e);
+    return false;
   }
-  out->runtime.hipRuntimeGetVersion(&out->runtime.version);
-  out->ok = true;
-  return out;
+  r->hipRuntimeGetVersion(&r->version);
+  return true;
 }
 
 } // namespace
@@ -86,13 +61,13 @@ std::string hip::Runtime::describe(hipError_t e) const {
 
 const hip::Runtime *hip_runtime(std::string *why) {
   static std::once_flag once;
-  static Loaded *loaded = nullptr; // never destroyed, so the runtime is never unloaded (see load)
-  std::call_once(once, [] { loaded = load().release(); });
-  if (!loaded->ok) {
+  static const RuntimeLibrary<Runtime> *loaded = nullptr;
+  std::call_once(once, [] { loaded = open_runtime_library<Runtime>(candidates(), "HIP runtime library", resolve, init); });
+  if (!loaded->why.empty()) {
     *why = loaded->why;
     return nullptr;
   }
-  return &loaded->runtime;
+  return &loaded->table;
 }
 
 } // namespace pkv
