@@ -598,9 +598,14 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 
 } // namespace
 
+// Registers a thread may use: as many blocks of one row tile per multiprocessor as shared memory
+// allows for most formats (64: 4, 128: 3, 256: 1), 65536 registers shared, allocated 8 at a time.
+// ptxas, left to itself, may take a few more and lose a block (128: 170 would leave 2).
+constexpr int mma_registers(int d) { return d == 64 ? 128 : d == 128 ? 168 : 255; }
+
 // pkv_decode_mma_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.
 #define PKV_MMA(D, KF, VF)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(2 * THREADS) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
+  extern "C" __global__ void __maxnreg__(mma_registers(D)) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
     decode_mma<D, KF, VF>(p);                                                                                \
   }
 #define PKV_MMA_V(D, KF) PKV_MMA(D, KF, 2) PKV_MMA(D, KF, 3) PKV_MMA(D, KF, 4) PKV_MMA(D, KF, 5)
