@@ -156,40 +156,37 @@ template <uint32_t F> __device__ __forceinline__ int quad_column(int n, int t) {
   return F == Q8_0 ? 4 * n + t : (n / 4) * 16 + 4 * (n % 4) + t;
 }
 
-// Where token t's row of KV head h starts in a page part of the layer (nullptr: nothing to read, the
-// row stays zero: past the chunk, or a corrupted table entry).
-struct RowSource {
-  const uint8_t *layer_base;
-  const uint32_t *table;
-  const PkvPool *pool;
-  uint32_t h, end;
-  __device__ const uint8_t *part(uint32_t t, uint64_t *row) const {
-    const uint32_t page = t < end ? table[t >> pool->page_shift] : pool->pages;
-    *row = (uint64_t(h) << pool->page_shift) + (t & (pool->page_size - 1));
-    return page < pool->pages ? layer_base + uint64_t(page) * pool->block_bytes : nullptr;
-  }
+// Where token t0 + r of a stage lies: the part of its page in the layer (the layer's first part
+// when there is nothing to read: past the chunk, or a corrupted table entry) and its row there.
+// Looked up once per token and stage, a stage ahead, so queuing a stage's copies waits on no load.
+struct StageRow {
+  const uint8_t *part;
+  uint32_t row, valid; // valid: 1 when the row is read, 0 when it stays zero
 };
 
-// Queues TILE rows (tokens t0 ..) of K (or V: offset k_bytes into the block) into shared memory, 64
-// threads: consecutive threads take consecutive 16-byte pieces of a row, so a warp reads whole rows.
-template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const RowSource &src, uint32_t t0,
-                                                             uint64_t part_offset, uint64_t scale_offset, int i0) {
-  constexpr int pieces = R::data / 16;
-  for (int i = i0; i < TILE * pieces; i += TILE) {
-    const int r = i / pieces, piece = i % pieces;
-    uint64_t row;
-    const uint8_t *part = src.part(t0 + r, &row);
-    cp_async_zfill(dst + R::at(r, piece * 16), (part ? part + part_offset : src.layer_base) + row * R::data + piece * 16,
-                   part != nullptr);
+// Queues a stage's TILE rows of K (or V: offset k_bytes into the block) into shared memory, 64
+// threads: TPR threads per row take its 16-byte pieces in turn, so a thread computes TPR row
+// addresses and issues all of its copies from them with constant offsets. A warp instruction reads
+// whole 128-byte lines (TPR * 16 bytes of a row, or whole rows when shorter): the L2 serves a line
+// as one request; half lines double the requests, and the L2 becomes the limit.
+template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const StageRow *rows, uint64_t part_offset,
+                                                             uint64_t scale_offset, int i0) {
+  constexpr int P = R::data / 16, TPR = P < 8 ? P : 8, STEP = TILE / TPR;
+  const int p0 = i0 % TPR;
+#pragma unroll
+  for (int i = 0; i < TPR; i++) {
+    const int r = i0 / TPR + STEP * i;
+    const StageRow s = rows[r];
+    const uint8_t *src = s.part + part_offset + uint64_t(s.row) * R::data + p0 * 16;
+#pragma unroll
+    for (int j = 0; j < P / TPR; j++)
+      cp_async_zfill(dst + R::at(r, (p0 + TPR * j) * 16), src + TPR * 16 * j, s.valid != 0);
   }
   if constexpr (R::scales != 0) {
-    for (int r = i0; r < TILE; r += TILE) {
-      uint64_t row;
-      const uint8_t *part = src.part(t0 + r, &row);
-      cp_async_small_zfill<R::scales>(dst + r * R::stride + R::data,
-                                      (part ? part + part_offset : src.layer_base) + scale_offset + row * R::scales,
-                                      part != nullptr);
-    }
+    const StageRow s = rows[i0];
+    cp_async_small_zfill<R::scales>(dst + i0 * R::stride + R::data,
+                                    s.part + part_offset + scale_offset + uint64_t(s.row) * R::scales,
+                                    s.valid != 0);
   }
 }
 
@@ -221,6 +218,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
   __shared__ int s_last;
+  __shared__ StageRow stage_rows[M::NS][TILE];
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, gid = lane / 4, tig = lane % 4;
   // The block's MT tiles of ROWS query rows, WARPS warps each, every warp taking 16 tokens of a stage:
@@ -290,15 +288,25 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     const uint32_t n = c.token_end - c.token_begin;
     const int tiles = int((n + TILE - 1) / TILE);
 
+    // The page of token tid of tile `tile` (threads below TILE), and where its row lies there.
+    auto page_of = [&](int tile) {
+      const uint32_t t = c.token_begin + tile * TILE + tid;
+      return tile < tiles && t < c.token_end ? table[t >> pool.page_shift] : pool.pages;
+    };
+    auto locate = [&](int tile, uint32_t page) {
+      const uint32_t t = c.token_begin + tile * TILE + tid;
+      const bool valid = page < pool.pages;
+      return StageRow{layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0),
+                      (h << pool.page_shift) + (t & (pool.page_size - 1)), valid};
+    };
     // Queues tile `tile` into its stage: warps 0-1 copy the K rows, warps 2-3 the V rows (the first
     // row tile's warps; every thread commits, so the group counts agree).
-    const RowSource source{layer_base, table, &pool, h, c.token_end};
     auto issue = [&](int tile) {
       if (tile < tiles) {
         uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
-        const uint32_t t0 = c.token_begin + tile * TILE;
-        if (tid < TILE) copy_rows<K>(stage, source, t0, 0, pool.k.scale_offset, tid);
-        else if (tid < 2 * TILE) copy_rows<V>(stage + TILE * K::stride, source, t0, pool.k_bytes, pool.v.scale_offset, tid - TILE);
+        const StageRow *rows = stage_rows[tile % M::NS];
+        if (tid < TILE) copy_rows<K>(stage, rows, 0, pool.k.scale_offset, tid);
+        else if (tid < 2 * TILE) copy_rows<V>(stage + TILE * K::stride, rows, pool.k_bytes, pool.v.scale_offset, tid - TILE);
       }
       cp_async_commit();
     };
@@ -308,6 +316,10 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     for (int nt = 0; nt < M::NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
+    if (tid < TILE)
+#pragma unroll
+      for (int s = 0; s < M::NS; s++) stage_rows[s][tid] = locate(s, page_of(s));
+    __syncthreads();
 #pragma unroll
     for (int s = 0; s < M::NS - 1; s++) issue(s);
 
@@ -357,6 +369,8 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 
     for (int tile = 0; tile < tiles; tile++) {
       issue(tile + M::NS - 1);
+      // Tile + NS's pages, read while this tile computes; located into the slot this tile frees.
+      const uint32_t next_page = tid < TILE ? page_of(tile + M::NS) : 0;
       cp_async_wait<M::NS - 1>();
       __syncthreads();
       const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
@@ -499,6 +513,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
           }
         }
       }
+      if (tid < TILE) stage_rows[tile % M::NS][tid] = locate(tile + M::NS, next_page);
       __syncthreads(); // the stage is refilled next
     }
     cp_async_wait<0>();
