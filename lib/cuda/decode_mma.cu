@@ -159,7 +159,7 @@ template <uint32_t F> __device__ __forceinline__ int quad_column(int n, int t) {
 // Where token t0 + r of a stage lies: the part of its page in the layer (the layer's first part
 // when there is nothing to read: past the chunk, or a corrupted table entry) and its row there.
 // Looked up once per token and stage, a stage ahead, so queuing a stage's copies waits on no load.
-struct StageRow {
+struct alignas(16) StageRow {
   const uint8_t *part;
   uint32_t row, valid; // valid: 1 when the row is read, 0 when it stays zero
 };
@@ -173,14 +173,16 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
                                                              uint64_t scale_offset, int i0) {
   constexpr int P = R::data / 16, TPR = P < 8 ? P : 8, STEP = TILE / TPR;
   const int p0 = i0 % TPR;
+  StageRow s[TPR]; // all loaded first: the copies then wait on no shared-memory load
+#pragma unroll
+  for (int i = 0; i < TPR; i++) s[i] = rows[i0 / TPR + STEP * i];
 #pragma unroll
   for (int i = 0; i < TPR; i++) {
     const int r = i0 / TPR + STEP * i;
-    const StageRow s = rows[r];
-    const uint8_t *src = s.part + part_offset + uint64_t(s.row) * R::data + p0 * 16;
+    const uint8_t *src = s[i].part + part_offset + uint64_t(s[i].row) * R::data + p0 * 16;
 #pragma unroll
     for (int j = 0; j < P / TPR; j++)
-      cp_async_zfill(dst + R::at(r, (p0 + TPR * j) * 16), src + TPR * 16 * j, s.valid != 0);
+      cp_async_zfill(dst + R::at(r, (p0 + TPR * j) * 16), src + TPR * 16 * j, s[i].valid != 0);
   }
   if constexpr (R::scales != 0) {
     const StageRow s = rows[i0];
@@ -193,7 +195,7 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
 template <int D, uint32_t KF, uint32_t VF> struct Mma {
   using K = Row<KF, D>;
   using V = Row<VF, D>;
-  static constexpr int NS = D >= 256 || (D == 128 && !K::quantized && !V::quantized) ? 2 : 3; // as pkv_mma_stages
+  static constexpr int NS = D >= 256 ? 2 : 3; // as pkv_mma_stages
   static constexpr int KSTEPS = D / 16, GROUPS = D / 32, NT = D / 8;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
@@ -614,8 +616,9 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 } // namespace
 
 // Registers a thread may use: as many blocks of one row tile per multiprocessor as shared memory
-// allows for most formats (64: 4, 128: 3, 256: 1), 65536 registers shared, allocated 8 at a time.
-// ptxas, left to itself, may take a few more and lose a block (128: 170 would leave 2).
+// allows (64: 4; 128: 3 for quantized pages, 2 for float ones; 256: 1), 65536 registers shared,
+// allocated 8 at a time. ptxas, left to itself, may take a few more and lose a block (128: 170
+// would leave 2).
 constexpr int mma_registers(int d) { return d == 64 ? 128 : d == 128 ? 168 : 255; }
 
 // pkv_decode_mma_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.

@@ -123,10 +123,11 @@ static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes, int qua
   return quantized ? (units % 2 ? units : units + 1) * 16 : data_and_scale_bytes;
 }
 
-/* Shared-memory stages in flight: two for head_dim 256 (a stage is large) and for float pages of
- * head_dim 128 (so three blocks fit a multiprocessor), three otherwise. */
-static inline uint32_t pkv_mma_stages(uint32_t head_dim, int float_pages) {
-  return head_dim >= 256 || (head_dim == 128 && float_pages) ? 2 : 3;
+/* Shared-memory stages per block: two for head_dim 256 (a stage is large), three otherwise (float
+ * pages of head_dim 128 then fit two blocks a multiprocessor, not three, and measured faster: more
+ * bytes in flight per block). */
+static inline uint32_t pkv_mma_stages(uint32_t head_dim) {
+  return head_dim >= 256 ? 2 : 3;
 }
 
 #endif
