@@ -594,15 +594,20 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
         for (uint32_t e = tid; e < my_rows * D; e += threads) {
           const uint32_t r = e / D, d = e % D;
           const uint64_t head = q_head(r), in_seq = head - uint64_t(c.seq) * p.q_tokens * p.q_heads;
-          auto part = [&](uint32_t k) { return uint64_t(first_part + k) * p.q_tokens * p.q_heads + in_seq; };
+          // Chunk k's partial row at lse[k * stride], out[k * stride * D + d]. The loops are unrolled so
+          // that several chunks' loads are in flight at once (they are latency-bound).
+          const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads, at = first_part * stride + in_seq;
+          const float *lse = part_lse + at, *out = part_out + at * D + d;
           float top = -INFINITY;
-          for (uint32_t k = 0; k < chunks_of_seq; k++) top = fmaxf(top, __ldcg(part_lse + part(k)));
+#pragma unroll 8
+          for (uint32_t k = 0; k < chunks_of_seq; k++) top = fmaxf(top, __ldcg(lse + k * stride));
           float sum = 0.0f, acc = 0.0f;
-          for (uint32_t k = 0; k < chunks_of_seq && top != -INFINITY; k++) {
-            const float lse = __ldcg(part_lse + part(k));
-            const float weight = lse == -INFINITY ? 0.0f : expf(lse - top);
+#pragma unroll 8
+          for (uint32_t k = 0; k < chunks_of_seq; k++) { // top == -inf: every lse is, every weight 0
+            const float l = __ldcg(lse + k * stride);
+            const float weight = l == -INFINITY ? 0.0f : expf(l - top);
             sum += weight;
-            acc += weight * __ldcg(part_out + part(k) * D + d);
+            acc += weight * __ldcg(out + k * stride * D);
           }
           store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, sum > 0.0f ? acc / sum : 0.0f);
           if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = sum > 0.0f ? top + logf(sum) : -INFINITY;
