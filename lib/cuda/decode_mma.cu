@@ -195,7 +195,7 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
 template <int D, uint32_t KF, uint32_t VF> struct Mma {
   using K = Row<KF, D>;
   using V = Row<VF, D>;
-  static constexpr int NS = D >= 256 ? 2 : 3; // as pkv_mma_stages
+  static constexpr int NS = D >= 256 || (D == 128 && !K::quantized && !V::quantized) ? 2 : 3; // as pkv_mma_stages
   static constexpr int KSTEPS = D / 16, GROUPS = D / 32, NT = D / 8;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
@@ -621,9 +621,8 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 } // namespace
 
 // Registers a thread may use: as many blocks of one row tile per multiprocessor as shared memory
-// allows (64: 4; 128: 3 for quantized pages, 2 for float ones; 256: 1), 65536 registers shared,
-// allocated 8 at a time. ptxas, left to itself, may take a few more and lose a block (128: 170
-// would leave 2).
+// allows (64: 4, 128: 3, 256: 1), 65536 registers shared, allocated 8 at a time. ptxas, left to
+// itself, may take a few more and lose a block (128: 170 would leave 2).
 constexpr int mma_registers(int d) { return d == 64 ? 128 : d == 128 ? 168 : 255; }
 
 // pkv_decode_mma_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.

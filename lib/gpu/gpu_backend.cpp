@@ -512,7 +512,8 @@ class GpuBackend final : public Backend {
     const bool quantized = is_quantized(g.k.format);
     const unsigned q = quantized ? 2 * (D / 32 * 32 * 16) + D / 32 * rows * 4 : 2 * (D / 16) * 32 * 16;
     const unsigned combine = 2 * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
-    return std::max(pkv_mma_stages(D) * stage + mtiles * q, combine);
+    const int float_pages = !quantized && !is_quantized(g.v.format);
+    return std::max(pkv_mma_stages(D, float_pages) * stage + mtiles * q, combine);
   }
 
   // Sends the batch's queued table changes and, unless the pool's plan buffer holds it already, the
