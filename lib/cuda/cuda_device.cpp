@@ -129,6 +129,13 @@ class CudaDevice final : public gpu::Device, public gpu::TensorCores {
     return {cu_.cuFuncSetAttribute(kernel(f), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
             "cuFuncSetAttribute"};
   }
+  Call shared_per_block(int *bytes) override {
+    return {cu_.cuDeviceGetAttribute(bytes, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device_),
+            "cuDeviceGetAttribute"};
+  }
+  Call static_shared(gpu::Function f, int *bytes) override {
+    return {cu_.cuFuncGetAttribute(bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel(f)), "cuFuncGetAttribute"};
+  }
   Call occupancy(int *blocks, gpu::Function f, int threads, size_t shared_bytes) override {
     return {cu_.cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel(f), threads, shared_bytes),
             "cuOccupancyMaxActiveBlocksPerMultiprocessor"};

@@ -269,7 +269,8 @@ class GpuBackend final : public Backend {
       if (k.kind != DecodeKind::mma) {
         const std::string none = dev_->images().mma ? "" : std::string("; the ") + dev_->name() + " backend has none";
         fail(PKV_ERR_UNSUPPORTED, "only the tensor-core decode kernel can be captured (pages of F16, BF16, Q8_0 or "
-             "Q4_0 with head_dim 64, 128 or 256, PKV_DECODE_KERNEL unset)%s", none.c_str());
+             "Q4_0 with head_dim 64, 128 or 256, PKV_DECODE_KERNEL unset, and shared memory for it: not head_dim 256 on "
+             "99 KB a block)%s", none.c_str());
       }
       if (part_rows * g.head_dim * 4 > part_out_.bytes || counters * 4 > counters_.bytes)
         fail(PKV_ERR_INVALID_ARGUMENT, "decode a batch of this shape once before capturing it: its scratch buffers are "
@@ -438,27 +439,51 @@ class GpuBackend final : public Backend {
     unsigned row_tiles = 1, mtiles = 1, bdy = 0, bdz = 0, shared_bytes = 0;
   };
 
-  DecodeKind decode_kind(const PoolGeometry &g) const {
+  // The tensor-core kernel serves where the device's shared memory per block holds it for the pool
+  // (not head_dim 256 on sm_86/sm_89's 99 KB); the CUDA-core kernel serves there instead.
+  DecodeKind decode_kind(const PoolGeometry &g) {
     const uint32_t D = g.head_dim;
     auto specialised = [](pkv_format f) { return f != PKV_FORMAT_F32; };
-    return (D == 64 || D == 128 || D == 256) && specialised(g.k.format) && specialised(g.v.format) ? kind_
-                                                                                                  : DecodeKind::generic;
+    if (!((D == 64 || D == 128 || D == 256) && specialised(g.k.format) && specialised(g.v.format)))
+      return DecodeKind::generic;
+    return kind_ == DecodeKind::mma && !mma_fits(g) ? DecodeKind::fast : kind_;
   }
 
-  // The specialised kernel of a family for the pool's head_dim and formats, looked up once.
+  // The specialised kernel of a family for the pool's head_dim and formats, looked up once; for the
+  // tensor-core kernel also whether a block of two row tiles fits the device's shared memory.
   Function specialised_function(const PoolGeometry &g, DecodeKind kind) {
     const bool mma = kind == DecodeKind::mma;
-    Function &fn = (mma ? mma_functions_ : fast_functions_)[g.head_dim / 128][g.k.format - PKV_FORMAT_F16]
-                                                             [g.v.format - PKV_FORMAT_F16];
+    const unsigned d = g.head_dim / 128, kf = g.k.format - PKV_FORMAT_F16, vf = g.v.format - PKV_FORMAT_F16;
+    Function &fn = (mma ? mma_functions_ : fast_functions_)[d][kf][vf];
     if (fn) return fn;
+    Current current(*this);
     const std::string name = std::string(mma ? "pkv_decode_mma_" : "pkv_decode_fast_") + std::to_string(g.head_dim) +
                              "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
     Function f = function(mma ? mma_module_ : fast_module_, name.c_str());
-    if (mma) check(dev_->tensor_cores()->set_shared_limit(f, int(mma_shared_bytes(g, 2))), (" " + name).c_str());
+    if (mma) {
+      mma_fits_[d][kf][vf] = fits_shared_memory(f, mma_shared_bytes(g, 2), name);
+      if (mma_fits_[d][kf][vf])
+        check(dev_->tensor_cores()->set_shared_limit(f, int(mma_shared_bytes(g, 2))), (" " + name).c_str());
+    }
     fn = f;
     return fn;
   }
   Function mma_function(const PoolGeometry &g) { return specialised_function(g, DecodeKind::mma); }
+  bool mma_fits(const PoolGeometry &g) {
+    mma_function(g);
+    return mma_fits_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+  }
+
+  // Whether `dynamic` bytes of shared memory and f's own arrays fit what a block may opt in to on
+  // this device. PKV_TEST_SHARED_LIMIT (bytes) lowers the device's figure, so that a large GPU runs
+  // a small one's choices.
+  bool fits_shared_memory(Function f, unsigned dynamic, const std::string &name) {
+    int per_block = 0, own = 0;
+    check(dev_->tensor_cores()->shared_per_block(&per_block));
+    check(dev_->tensor_cores()->static_shared(f, &own), (" " + name).c_str());
+    if (const char *cap = std::getenv("PKV_TEST_SHARED_LIMIT")) per_block = std::min(per_block, std::atoi(cap));
+    return int64_t(dynamic) + own <= per_block;
+  }
 
   DecodeKernel decode_kernel(const PoolGeometry &g, const DecodeBatch &b) {
     const uint32_t D = g.head_dim, rows = b.q_tokens * (b.q_heads / g.kv_heads); // query rows a KV head serves
@@ -629,6 +654,7 @@ class GpuBackend final : public Backend {
   DecodeKind kind_ = DecodeKind::mma;
   // [head_dim 64/128/256][K format][V format], looked up once
   Function fast_functions_[3][4][4] = {}, mma_functions_[3][4][4] = {};
+  bool mma_fits_[3][4][4] = {};
   uint32_t mma_blocks_per_sm_[3][4][4][2] = {}; // [..][row tiles a block serves: 1, 2]
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;

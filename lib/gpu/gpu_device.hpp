@@ -44,6 +44,8 @@ struct Images {
 class TensorCores {
  public:
   virtual Call set_shared_limit(Function f, int bytes) = 0; // opt in to more dynamic shared memory
+  virtual Call shared_per_block(int *bytes) = 0;             // the most a block may opt in to, in all
+  virtual Call static_shared(Function f, int *bytes) = 0;    // what f's own __shared__ arrays take
   virtual Call occupancy(int *blocks, Function f, int threads, size_t shared_bytes) = 0;
 
  protected:

@@ -30,9 +30,11 @@ constexpr int CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 1;
+constexpr int CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
 constexpr int CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
@@ -80,6 +82,7 @@ constexpr int kApiVersion = 12000;
   X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                                   \
   X(cuModuleGetFunction, "cuModuleGetFunction", (CUfunction * fn, CUmodule module, const char *name))      \
   X(cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction fn, int attribute, int value))                   \
+  X(cuFuncGetAttribute, "cuFuncGetAttribute", (int *value, int attribute, CUfunction fn))                  \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor",              \
     (int *blocks, CUfunction fn, int block_size, size_t shared_bytes))                                     \
   X(cuLaunchKernel, "cuLaunchKernel",                                                                      \
