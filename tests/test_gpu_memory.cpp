@@ -3,7 +3,8 @@
 // bits as the same calls with host pointers.
 // And decode captured in a CUDA graph on the engine's stream: replayed after the batch grew (and
 // pkv_decode_prepare put the new plan on the device), it must give the same bits as a direct call;
-// on the HIP backend, which has no kernel that can be captured, the capture is refused.
+// on the HIP backend, which has no kernel that can be captured, the capture is refused; nor where
+// the tensor-core kernel does not fit the device's shared memory.
 // Skipped (visibly) unless the backend in use is CUDA, or HIP on the test stand-in for the HIP runtime
 // (PKV_TEST_HIP_STANDIN set: its device memory is the CUDA driver's too); device memory comes from the
 // CUDA driver through the library's own loader sources, compiled into this test.
@@ -384,11 +385,79 @@ void capture_refused_on_hip(void **) {
   cu->cuStreamDestroy(stream);
 }
 
+// Sets (value) or removes (nullptr) an environment variable of this process.
+void set_env(const char *name, const char *value) {
+#ifdef _WIN32
+  _putenv_s(name, value ? value : "");
+#else
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+#endif
+}
+
+// Where a block of the tensor-core kernel does not fit the device's shared memory (head_dim 256 on
+// sm_86/sm_89's 99 KB, stood in for by PKV_TEST_SHARED_LIMIT), the CUDA-core kernel decodes, and a
+// capture is refused with a text saying why. Last in the list: a failure leaves the variable set.
+void tensor_core_kernel_needs_its_shared_memory(void **) {
+  enum : uint32_t { KV = 2, Q = 8, D = 256, B = 2 };
+  tu_rng rng = tu_rng_make(tu_seed());
+  const Driver *cu = driver_or_null();
+  if (!cu) skip();
+  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+  check(pkv_backend_query(PKV_BACKEND_CUDA, &info));
+  if (info.device_count == 0) skip();
+  DeviceMemory mem(*cu);
+  CUstream stream = nullptr;
+  check_cu(*cu, cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  set_env("PKV_TEST_SHARED_LIMIT", "101376"); // sm_86/sm_89: 99 KB a block
+  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  cd.backend = PKV_BACKEND_CUDA;
+  cd.stream = stream;
+  pkv_context *ctx;
+  pkv_pool *pool;
+  check(pkv_context_create(&cd, &ctx));
+  const pkv_pool_desc d = pu_desc(1, KV, D, 16, 256, B, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  check(pkv_pool_create(ctx, &d, &pool));
+  pkv_seq seqs[B];
+  uint32_t n[B] = {1 + tu_below(&rng, 50), 200 + tu_below(&rng, 1500)};
+  for (pkv_seq &s : seqs) check(pkv_seq_alloc(pool, &s));
+  grow(pool, seqs, n, B, 1, KV * D, &rng);
+
+  std::vector<float> q(size_t(B) * Q * D), poison(q.size(), NAN);
+  for (float &x : q) x = float(tu_uniform(&rng, -2, 2));
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.seqs = seqs;
+  a.count = B;
+  a.q_heads = Q;
+  a.memory = PKV_MEMORY_DEVICE;
+  a.q = mem.upload(q.data(), q.size() * 4);
+  a.out = mem.upload(poison.data(), poison.size() * 4);
+  check(pkv_decode(pool, &a));
+  check(pkv_context_synchronize(ctx));
+  for (float x : mem.download<float>(a.out, q.size()))
+    if (!std::isfinite(x)) fail_msg("the decode left an output unwritten");
+
+  check(pkv_decode_prepare(pool, &a));
+  check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  const pkv_status refused = pkv_decode(pool, &a);
+  const std::string text = pkv_last_error();
+  CUgraph unused = nullptr;
+  cu->cuStreamEndCapture(stream, &unused);
+  if (unused) cu->cuGraphDestroy(unused);
+  pu_assert_fails(refused, PKV_ERR_UNSUPPORTED);
+  if (text.find("shared memory") == std::string::npos) fail_msg("the refusal does not say why: %s", text.c_str());
+  set_env("PKV_TEST_SHARED_LIMIT", nullptr);
+  check(pkv_pool_destroy(pool));
+  check(pkv_context_destroy(ctx));
+  cu->cuStreamDestroy(stream);
+}
+
 } // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {cmocka_unit_test(device_pointers_match_host_pointers),
                                      cmocka_unit_test(captured_decode_replays_after_the_batch_grows),
-                                     cmocka_unit_test(capture_refused_on_hip)};
+                                     cmocka_unit_test(capture_refused_on_hip),
+                                     cmocka_unit_test(tensor_core_kernel_needs_its_shared_memory)};
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
