@@ -220,6 +220,49 @@ void grow(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n, uint32_t count
   }
 }
 
+// A context on a stream of the test's own, as an engine makes one, and device memory. Made only after
+// every skip: a cmocka skip() leaves the test by longjmp, past destructors.
+struct EngineStream {
+  const Driver &cu;
+  DeviceMemory mem;
+  CUstream stream = nullptr;
+  pkv_context *ctx = nullptr;
+  EngineStream(const Driver &d, pkv_backend backend) : cu(d), mem(d) {
+    check_cu(cu, cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+    cd.backend = backend;
+    cd.stream = stream;
+    check(pkv_context_create(&cd, &ctx));
+  }
+  ~EngineStream() {
+    pkv_context_destroy(ctx);
+    cu.cuStreamDestroy(stream);
+  }
+  // A decode issued while the stream captures a graph (the graph is dropped): its status, and in
+  // *text what pkv_last_error() said.
+  pkv_status decode_captured(pkv_pool *pool, const pkv_decode_args &a, std::string *text) {
+    check_cu(cu, cu.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+    const pkv_status st = pkv_decode(pool, &a);
+    *text = pkv_last_error();
+    CUgraph unused = nullptr;
+    cu.cuStreamEndCapture(stream, &unused);
+    if (unused) cu.cuGraphDestroy(unused);
+    return st;
+  }
+};
+
+// The CUDA driver where `backend` has a device (the HIP one only on the stand-in, whose device memory
+// and streams are the CUDA driver's); skips the test otherwise.
+const Driver *driver_or_skip(pkv_backend backend) {
+  if (backend == PKV_BACKEND_HIP && !std::getenv("PKV_TEST_HIP_STANDIN")) skip();
+  const Driver *cu = driver_or_null();
+  if (!cu) skip();
+  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+  check(pkv_backend_query(backend, &info));
+  if (info.device_count == 0) skip();
+  return cu;
+}
+
 void captured_decode_replays_after_the_batch_grows(void **) {
   enum : uint32_t { L = 2, KV = 2, Q = 8, B = 4, T = 2 };
   tu_rng rng = tu_rng_make(tu_seed());
@@ -229,21 +272,12 @@ void captured_decode_replays_after_the_batch_grows(void **) {
   const pkv_pool_desc d = pu_desc(L, KV, D, 16, 2048, B, formats[tu_below(&rng, 4)], formats[tu_below(&rng, 4)]);
   print_message("head_dim %u, K %s, V %s\n", D, pkv_format_name(d.k_format), pkv_format_name(d.v_format));
 
-  const Driver *cu = driver_or_null();
-  if (!cu) skip();
-  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
-  check(pkv_backend_query(PKV_BACKEND_CUDA, &info));
-  if (info.device_count == 0) skip();
-  DeviceMemory mem(*cu);
-  CUstream stream = nullptr;
-  check_cu(*cu, cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  cd.backend = PKV_BACKEND_CUDA;
-  cd.stream = stream;
-  pkv_context *ctx;
+  const Driver *cu = driver_or_skip(PKV_BACKEND_CUDA);
+  EngineStream e(*cu, PKV_BACKEND_CUDA);
+  DeviceMemory &mem = e.mem;
+  const CUstream stream = e.stream;
   pkv_pool *pool;
-  check(pkv_context_create(&cd, &ctx));
-  check(pkv_pool_create(ctx, &d, &pool));
+  check(pkv_pool_create(e.ctx, &d, &pool));
 
   pkv_seq seqs[B];
   uint32_t n[B];
@@ -298,12 +332,8 @@ void captured_decode_replays_after_the_batch_grows(void **) {
     grow(pool, seqs, n, B, L, KV * D, &rng);
 
     // A decode the stream cannot replay (its plan is not on the device) is refused while capturing.
-    check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-    const pkv_status refused = pkv_decode(pool, &a);
-    CUgraph unused = nullptr;
-    cu->cuStreamEndCapture(stream, &unused);
-    if (unused) cu->cuGraphDestroy(unused);
-    pu_assert_fails(refused, PKV_ERR_INVALID_ARGUMENT);
+    std::string text;
+    pu_assert_fails(e.decode_captured(pool, a, &text), PKV_ERR_INVALID_ARGUMENT);
 
     check(pkv_decode_prepare(pool, &a));
     check_cu(*cu, cu->cuGraphLaunch(exec, stream), "cuGraphLaunch");
@@ -312,7 +342,7 @@ void captured_decode_replays_after_the_batch_grows(void **) {
       a.out = direct_out;
       a.lse = static_cast<float *>(direct_lse);
       check(pkv_decode(pool, &a));
-      check(pkv_context_synchronize(ctx));
+      check(pkv_context_synchronize(e.ctx));
       const std::vector<float> got = mem.download<float>(graph_out[layer], out_n);
       for (float x : got)
         if (std::isnan(x)) fail_msg("round %d layer %u: the replay left an output unwritten", round, layer);
@@ -323,66 +353,55 @@ void captured_decode_replays_after_the_batch_grows(void **) {
       // Poisoned again for the next replay.
       check_cu(*cu, cu->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(graph_out[layer]), poison.data(), out_n * 4,
                                           stream), "cuMemcpyHtoDAsync");
-      check(pkv_context_synchronize(ctx));
+      check(pkv_context_synchronize(e.ctx));
     }
   }
   cu->cuGraphExecDestroy(exec);
   cu->cuGraphDestroy(graph);
   check(pkv_pool_destroy(pool));
-  check(pkv_context_destroy(ctx));
-  cu->cuStreamDestroy(stream);
 }
 
-// The HIP backend has no decode kernel a graph can replay (only the tensor-core one, CUDA-only, can):
-// a decode while the engine's stream captures is refused, and says why. Runs on the HIP stand-in,
-// whose streams are the CUDA driver's, so the capture is begun with the CUDA driver.
-void capture_refused_on_hip(void **) {
-  if (!std::getenv("PKV_TEST_HIP_STANDIN")) skip();
-  enum : uint32_t { KV = 2, Q = 4, D = 128, B = 2 };
-  tu_rng rng = tu_rng_make(tu_seed());
-  const Driver *cu = driver_or_null();
-  if (!cu) skip();
-  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
-  check(pkv_backend_query(PKV_BACKEND_HIP, &info));
-  if (info.device_count == 0) skip();
-  DeviceMemory mem(*cu);
-  CUstream stream = nullptr;
-  check_cu(*cu, cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  cd.backend = PKV_BACKEND_HIP;
-  cd.stream = stream;
-  pkv_context *ctx;
+// Decodes two sequences of `n` tokens (fresh random K/V and q) of a pool made by `d` into
+// NaN-poisoned device memory, which must be written in full; then the same decode while the stream
+// captures must be refused as unsupported, with a text containing `why`.
+void capture_is_refused(EngineStream &e, const pkv_pool_desc &d, const uint32_t n[2], const char *why, tu_rng *rng) {
+  enum : uint32_t { B = 2, Q = 8 };
   pkv_pool *pool;
-  check(pkv_context_create(&cd, &ctx));
-  const pkv_pool_desc d = pu_desc(1, KV, D, 16, 64, B, PKV_FORMAT_F16, PKV_FORMAT_Q8_0);
-  check(pkv_pool_create(ctx, &d, &pool));
+  check(pkv_pool_create(e.ctx, &d, &pool));
   pkv_seq seqs[B];
-  uint32_t n[B] = {20, 100};
   for (pkv_seq &s : seqs) check(pkv_seq_alloc(pool, &s));
-  grow(pool, seqs, n, B, 1, KV * D, &rng);
+  grow(pool, seqs, n, B, d.layers, d.kv_heads * d.head_dim, rng);
 
-  std::vector<float> q(size_t(B) * Q * D, 0.5f);
+  std::vector<float> q(size_t(B) * Q * d.head_dim), poison(q.size(), NAN);
+  for (float &x : q) x = float(tu_uniform(rng, -2, 2));
   pkv_decode_args a = PKV_DECODE_ARGS_INIT;
   a.seqs = seqs;
   a.count = B;
   a.q_heads = Q;
   a.memory = PKV_MEMORY_DEVICE;
-  a.q = mem.upload(q.data(), q.size() * 4);
-  a.out = mem.alloc(q.size() * 4);
+  a.q = e.mem.upload(q.data(), q.size() * 4);
+  a.out = e.mem.upload(poison.data(), poison.size() * 4);
   check(pkv_decode(pool, &a));
+  check(pkv_context_synchronize(e.ctx));
+  for (float x : e.mem.download<float>(a.out, q.size()))
+    if (!std::isfinite(x)) fail_msg("the decode left an output unwritten");
+
   check(pkv_decode_prepare(pool, &a));
-  check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-  const pkv_status refused = pkv_decode(pool, &a);
-  const std::string text = pkv_last_error();
-  CUgraph unused = nullptr;
-  cu->cuStreamEndCapture(stream, &unused);
-  if (unused) cu->cuGraphDestroy(unused);
-  pu_assert_fails(refused, PKV_ERR_UNSUPPORTED);
-  if (text.find("the HIP backend has none") == std::string::npos)
-    fail_msg("the refusal does not say why: %s", text.c_str());
+  std::string text;
+  pu_assert_fails(e.decode_captured(pool, a, &text), PKV_ERR_UNSUPPORTED);
+  if (text.find(why) == std::string::npos) fail_msg("the refusal does not say why: %s", text.c_str());
   check(pkv_pool_destroy(pool));
-  check(pkv_context_destroy(ctx));
-  cu->cuStreamDestroy(stream);
+}
+
+// The HIP backend has no decode kernel a graph can replay (only the tensor-core one, CUDA-only, can).
+// Runs on the HIP stand-in, whose streams are the CUDA driver's, so the capture is begun with the
+// CUDA driver.
+void capture_refused_on_hip(void **) {
+  tu_rng rng = tu_rng_make(tu_seed());
+  EngineStream e(*driver_or_skip(PKV_BACKEND_HIP), PKV_BACKEND_HIP);
+  const uint32_t n[2] = {20, 100};
+  capture_is_refused(e, pu_desc(1, 2, 128, 16, 64, 2, PKV_FORMAT_F16, PKV_FORMAT_Q8_0), n, "the HIP backend has none",
+                     &rng);
 }
 
 // Sets (value) or removes (nullptr) an environment variable of this process.
@@ -397,59 +416,17 @@ void set_env(const char *name, const char *value) {
 
 // Where a block of the tensor-core kernel does not fit the device's shared memory (head_dim 256 on
 // sm_86/sm_89's 99 KB, stood in for by PKV_TEST_SHARED_LIMIT), the CUDA-core kernel decodes, and a
-// capture is refused with a text saying why. Last in the list: a failure leaves the variable set.
+// capture is refused. Last in the list: a failure leaves the variable set.
 void tensor_core_kernel_needs_its_shared_memory(void **) {
-  enum : uint32_t { KV = 2, Q = 8, D = 256, B = 2 };
   tu_rng rng = tu_rng_make(tu_seed());
-  const Driver *cu = driver_or_null();
-  if (!cu) skip();
-  pkv_backend_info info = PKV_BACKEND_INFO_INIT;
-  check(pkv_backend_query(PKV_BACKEND_CUDA, &info));
-  if (info.device_count == 0) skip();
-  DeviceMemory mem(*cu);
-  CUstream stream = nullptr;
-  check_cu(*cu, cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const Driver *cu = driver_or_skip(PKV_BACKEND_CUDA);
   set_env("PKV_TEST_SHARED_LIMIT", "101376"); // sm_86/sm_89: 99 KB a block
-  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  cd.backend = PKV_BACKEND_CUDA;
-  cd.stream = stream;
-  pkv_context *ctx;
-  pkv_pool *pool;
-  check(pkv_context_create(&cd, &ctx));
-  const pkv_pool_desc d = pu_desc(1, KV, D, 16, 256, B, PKV_FORMAT_F16, PKV_FORMAT_F16);
-  check(pkv_pool_create(ctx, &d, &pool));
-  pkv_seq seqs[B];
-  uint32_t n[B] = {1 + tu_below(&rng, 50), 200 + tu_below(&rng, 1500)};
-  for (pkv_seq &s : seqs) check(pkv_seq_alloc(pool, &s));
-  grow(pool, seqs, n, B, 1, KV * D, &rng);
-
-  std::vector<float> q(size_t(B) * Q * D), poison(q.size(), NAN);
-  for (float &x : q) x = float(tu_uniform(&rng, -2, 2));
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = seqs;
-  a.count = B;
-  a.q_heads = Q;
-  a.memory = PKV_MEMORY_DEVICE;
-  a.q = mem.upload(q.data(), q.size() * 4);
-  a.out = mem.upload(poison.data(), poison.size() * 4);
-  check(pkv_decode(pool, &a));
-  check(pkv_context_synchronize(ctx));
-  for (float x : mem.download<float>(a.out, q.size()))
-    if (!std::isfinite(x)) fail_msg("the decode left an output unwritten");
-
-  check(pkv_decode_prepare(pool, &a));
-  check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-  const pkv_status refused = pkv_decode(pool, &a);
-  const std::string text = pkv_last_error();
-  CUgraph unused = nullptr;
-  cu->cuStreamEndCapture(stream, &unused);
-  if (unused) cu->cuGraphDestroy(unused);
-  pu_assert_fails(refused, PKV_ERR_UNSUPPORTED);
-  if (text.find("shared memory") == std::string::npos) fail_msg("the refusal does not say why: %s", text.c_str());
+  {
+    EngineStream e(*cu, PKV_BACKEND_CUDA);
+    const uint32_t n[2] = {1 + tu_below(&rng, 50), 200 + tu_below(&rng, 1500)};
+    capture_is_refused(e, pu_desc(1, 2, 256, 16, 256, 2, PKV_FORMAT_F16, PKV_FORMAT_F16), n, "shared memory", &rng);
+  }
   set_env("PKV_TEST_SHARED_LIMIT", nullptr);
-  check(pkv_pool_destroy(pool));
-  check(pkv_context_destroy(ctx));
-  cu->cuStreamDestroy(stream);
 }
 
 } // namespace
