@@ -44,11 +44,6 @@ template <int BYTES> __device__ __forceinline__ void cp_async_small_zfill(void *
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-// Waits until at most `pending` (1 or 2) committed groups are still in flight.
-__device__ __forceinline__ void cp_async_wait_all_but(int pending) {
-  if (pending >= 2) cp_async_wait<2>();
-  else cp_async_wait<1>();
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -200,6 +195,7 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
 template <int D, uint32_t KF, uint32_t VF> struct Mma {
   using K = Row<KF, D>;
   using V = Row<VF, D>;
+  static constexpr int NS = D >= 256 || (D == 128 && !K::quantized && !V::quantized) ? 2 : 3; // as pkv_mma_stages
   static constexpr int KSTEPS = D / 16, GROUPS = D / 32, NT = D / 8;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
@@ -209,8 +205,12 @@ template <int D, uint32_t KF, uint32_t VF> struct Mma {
   static constexpr uint32_t q_words = K::quantized ? 2 * GROUPS * 32 * 4 : SPLIT * KSTEPS * 32 * 4;
   static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
-  // The host (mma_shared_bytes in gpu_backend.cpp) reserves p.stages stages and each row tile's q
-  // fragments, or the warps' combine area (which reuses them once a chunk is done) when larger.
+  // The warps' combine area reuses the stages and the q fragments once a chunk is done.
+  static constexpr uint32_t combine_bytes = 2 * (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4; // 2 row tiles
+  static constexpr uint32_t loop_bytes = NS * stage_bytes + q_bytes;
+  // What the host reserves: CudaBackend computes the same from kernel_params.h.
+  static constexpr uint32_t shared_bytes = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
+  static_assert(shared_bytes <= 227 * 1024, "a block fits a multiprocessor's shared memory");
 };
 
 template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvDecodeParams &p) {
@@ -220,8 +220,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
   __shared__ int s_last;
-  __shared__ StageRow stage_rows[PKV_MMA_MAX_STAGES][TILE];
-  const int NS = int(p.stages); // 2 or 3, as the device's shared memory allows (the host chooses)
+  __shared__ StageRow stage_rows[M::NS][TILE];
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, gid = lane / 4, tig = lane % 4;
   // The block's MT tiles of ROWS query rows, WARPS warps each, every warp taking 16 tokens of a stage:
@@ -229,7 +228,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
   const int MT = int(p.mtiles), mt = warp / WARPS, slice = warp % WARPS, threads = int(blockDim.x);
   const uint32_t block_rows = ROWS * MT;
   // Row tile i's q fragments and (quantized K) scales.
-  auto q_frag_of = [&](int i) { return reinterpret_cast<uint32_t *>(smem + NS * M::stage_bytes + i * M::q_bytes); };
+  auto q_frag_of = [&](int i) { return reinterpret_cast<uint32_t *>(smem + M::NS * M::stage_bytes + i * M::q_bytes); };
   auto q_scale_of = [&](int i) { return reinterpret_cast<float *>(q_frag_of(i) + M::q_words); };
   const uint32_t *q_frag = q_frag_of(mt);
   const float *q_scale_sm = q_scale_of(mt);
@@ -306,8 +305,8 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     // row tile's warps; every thread commits, so the group counts agree).
     auto issue = [&](int tile) {
       if (tile < tiles) {
-        uint8_t *stage = smem + (tile % NS) * M::stage_bytes;
-        const StageRow *rows = stage_rows[tile % NS];
+        uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
+        const StageRow *rows = stage_rows[tile % M::NS];
         if (tid < TILE) copy_rows<K>(stage, rows, 0, pool.k.scale_offset, tid);
         else if (tid < 2 * TILE) copy_rows<V>(stage + TILE * K::stride, rows, pool.k_bytes, pool.v.scale_offset, tid - TILE);
       }
@@ -321,10 +320,10 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 
     if (tid < TILE)
 #pragma unroll
-      for (int s = 0; s < NS; s++) stage_rows[s][tid] = locate(s, page_of(s));
+      for (int s = 0; s < M::NS; s++) stage_rows[s][tid] = locate(s, page_of(s));
     __syncthreads();
 #pragma unroll
-    for (int s = 0; s < NS - 1; s++) issue(s);
+    for (int s = 0; s < M::NS - 1; s++) issue(s);
 
     // While the first stages load: q as MMA A-fragments. Word `reg` of lane (g, t) for a 16-wide
     // k-step holds row g + 8 (reg & 1), columns 2t, 2t + 1 (+ 8 when reg >= 2); for int8 k32 steps
@@ -371,12 +370,12 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
     }
 
     for (int tile = 0; tile < tiles; tile++) {
-      issue(tile + NS - 1);
+      issue(tile + M::NS - 1);
       // Tile + NS's pages, read while this tile computes; located into the slot this tile frees.
-      const uint32_t next_page = tid < TILE ? page_of(tile + NS) : 0;
-      cp_async_wait_all_but(NS - 1);
+      const uint32_t next_page = tid < TILE ? page_of(tile + M::NS) : 0;
+      cp_async_wait<M::NS - 1>();
       __syncthreads();
-      const uint8_t *stage = smem + (tile % NS) * M::stage_bytes;
+      const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
       // This warp's 16 tokens of the stage.
       const uint8_t *k_rows = stage + slice * SUB * K::stride, *v_rows = stage + TILE * K::stride + slice * SUB * V::stride;
       const uint32_t t_warp = c.token_begin + tile * TILE + slice * SUB;
@@ -516,7 +515,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
           }
         }
       }
-      if (tid < TILE) stage_rows[tile % NS][tid] = locate(tile + NS, next_page);
+      if (tid < TILE) stage_rows[tile % M::NS][tid] = locate(tile + M::NS, next_page);
       __syncthreads(); // the stage is refilled next
     }
     cp_async_wait<0>();
@@ -622,14 +621,13 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 } // namespace
 
 // Registers a thread may use: as many blocks of one row tile per multiprocessor as shared memory
-// allows on sm_90 (head_dim 64: 4; 128: 3 for quantized pages, 2 for float ones; 256: 1), 65536
-// registers shared, allocated 8 at a time. ptxas, left to itself, may take a few more and lose a
-// block (quantized 128: 170 would leave 2).
-constexpr int mma_registers(int d, bool float_pages) { return d == 64 ? 128 : d == 128 && !float_pages ? 168 : 255; }
+// allows (64: 4, 128: 3, 256: 1), 65536 registers shared, allocated 8 at a time. ptxas, left to
+// itself, may take a few more and lose a block (128: 170 would leave 2).
+constexpr int mma_registers(int d) { return d == 64 ? 128 : d == 128 ? 168 : 255; }
 
 // pkv_decode_mma_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.
 #define PKV_MMA(D, KF, VF)                                                                                   \
-  extern "C" __global__ void __maxnreg__(mma_registers(D, KF <= BF16 && VF <= BF16)) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
+  extern "C" __global__ void __maxnreg__(mma_registers(D)) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
     decode_mma<D, KF, VF>(p);                                                                                \
   }
 #define PKV_MMA_V(D, KF) PKV_MMA(D, KF, 2) PKV_MMA(D, KF, 3) PKV_MMA(D, KF, 4) PKV_MMA(D, KF, 5)

@@ -88,7 +88,7 @@ typedef struct PkvDecodeParams {
   float scale;
   uint32_t mtiles;     /* tensor-core kernel: tiles of PKV_MMA_ROWS query rows a block serves, 1 or 2 */
   uint32_t q_aligned;  /* q is 16-byte aligned: rows are read 16 bytes at a time */
-  uint32_t stages;     /* tensor-core kernel: shared-memory stages, 2 or 3 (pkv_mma_stages) */
+  uint32_t reserved;
 } PkvDecodeParams;
 
 /* A read-only pass over `bytes` (a multiple of 16) for the bandwidth measurement. */
@@ -123,13 +123,12 @@ static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes, int qua
   return quantized ? (units % 2 ? units : units + 1) * 16 : data_and_scale_bytes;
 }
 
-/* Shared-memory stages per block of the tensor-core kernel: the preferred count is two for head_dim
- * 256 (a stage is large), three otherwise (float pages of head_dim 128 then fit two blocks a
- * multiprocessor, not three, and measured faster: more bytes in flight per block); two where the
- * device's shared memory per block holds no more (sm_86/sm_89: 99 KB). */
-#define PKV_MMA_MAX_STAGES 3
-static inline uint32_t pkv_mma_stages(uint32_t head_dim) {
-  return head_dim >= 256 ? 2 : 3;
+/* Shared-memory stages per block: two for head_dim 256 (a stage is large) and for float pages of
+ * head_dim 128, three otherwise. Three for float head_dim 128 measured faster on sm_90 (two blocks
+ * a multiprocessor, more bytes in flight per block) but take 112 KB a block, more than sm_86 and
+ * sm_89 have (99 KB): the count has to follow the device before that can be used. */
+static inline uint32_t pkv_mma_stages(uint32_t head_dim, int float_pages) {
+  return head_dim >= 256 || (head_dim == 128 && float_pages) ? 2 : 3;
 }
 
 #endif

@@ -148,7 +148,7 @@ class GpuBackend final : public Backend {
       Current current(*this);
       int blocks = 0;
       check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g), mtiles * PKV_MMA_WARPS * 32,
-                                            mma_shared_bytes(g, mtiles, mma_stages(g))));
+                                            mma_shared_bytes(g, mtiles)));
       n = uint32_t(std::max(1, blocks));
     }
     return sms_ * n;
@@ -310,7 +310,6 @@ class GpuBackend final : public Backend {
     p.row_tiles = k.row_tiles;
     p.mtiles = k.mtiles;
     p.q_aligned = p.q % 16 == 0;
-    p.stages = k.stages;
     p.q_format = uint32_t(b.q_format);
     p.out_format = uint32_t(b.out_format);
     p.scale = b.scale;
@@ -437,7 +436,7 @@ class GpuBackend final : public Backend {
   struct DecodeKernel {
     DecodeKind kind = DecodeKind::generic;
     Function fn = nullptr;
-    unsigned row_tiles = 1, mtiles = 1, stages = 0, bdy = 0, bdz = 0, shared_bytes = 0;
+    unsigned row_tiles = 1, mtiles = 1, bdy = 0, bdz = 0, shared_bytes = 0;
   };
 
   // The tensor-core kernel serves where the device's shared memory per block holds it for the pool
@@ -447,12 +446,11 @@ class GpuBackend final : public Backend {
     auto specialised = [](pkv_format f) { return f != PKV_FORMAT_F32; };
     if (!((D == 64 || D == 128 || D == 256) && specialised(g.k.format) && specialised(g.v.format)))
       return DecodeKind::generic;
-    return kind_ == DecodeKind::mma && !mma_stages(g) ? DecodeKind::fast : kind_;
+    return kind_ == DecodeKind::mma && !mma_fits(g) ? DecodeKind::fast : kind_;
   }
 
   // The specialised kernel of a family for the pool's head_dim and formats, looked up once; for the
-  // tensor-core kernel also its stage count on this device: pkv_mma_stages' count where a block of
-  // two row tiles fits the device's shared memory, else two, else 0 (it does not serve).
+  // tensor-core kernel also whether a block of two row tiles fits the device's shared memory.
   Function specialised_function(const PoolGeometry &g, DecodeKind kind) {
     const bool mma = kind == DecodeKind::mma;
     const unsigned d = g.head_dim / 128, kf = g.k.format - PKV_FORMAT_F16, vf = g.v.format - PKV_FORMAT_F16;
@@ -463,19 +461,17 @@ class GpuBackend final : public Backend {
                              "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
     Function f = function(mma ? mma_module_ : fast_module_, name.c_str());
     if (mma) {
-      unsigned stages = pkv_mma_stages(g.head_dim);
-      while (stages >= 2 && !fits_shared_memory(f, mma_shared_bytes(g, 2, stages), name)) stages--;
-      mma_stages_[d][kf][vf] = uint8_t(stages >= 2 ? stages : 0);
-      if (mma_stages_[d][kf][vf])
-        check(dev_->tensor_cores()->set_shared_limit(f, int(mma_shared_bytes(g, 2, stages))), (" " + name).c_str());
+      mma_fits_[d][kf][vf] = fits_shared_memory(f, mma_shared_bytes(g, 2), name);
+      if (mma_fits_[d][kf][vf])
+        check(dev_->tensor_cores()->set_shared_limit(f, int(mma_shared_bytes(g, 2))), (" " + name).c_str());
     }
     fn = f;
     return fn;
   }
   Function mma_function(const PoolGeometry &g) { return specialised_function(g, DecodeKind::mma); }
-  unsigned mma_stages(const PoolGeometry &g) {
+  bool mma_fits(const PoolGeometry &g) {
     mma_function(g);
-    return mma_stages_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+    return mma_fits_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
   }
 
   // Whether `dynamic` bytes of shared memory and f's own arrays fit what a block may opt in to on
@@ -502,8 +498,7 @@ class GpuBackend final : public Backend {
     if (k.kind == DecodeKind::mma) {
       k.mtiles = mma_tiles(rows);
       k.row_tiles = (rows + PKV_MMA_ROWS * k.mtiles - 1) / (PKV_MMA_ROWS * k.mtiles);
-      k.stages = mma_stages(g);
-      k.shared_bytes = mma_shared_bytes(g, k.mtiles, k.stages);
+      k.shared_bytes = mma_shared_bytes(g, k.mtiles);
       return k;
     }
     // Shared-memory row strides as the fast kernel lays them out: data then scales, 16-byte aligned.
@@ -532,7 +527,7 @@ class GpuBackend final : public Backend {
   // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out: stages of
   // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments of each row tile, and the warps'
   // combine area.
-  static unsigned mma_shared_bytes(const PoolGeometry &g, unsigned mtiles, unsigned stages) {
+  static unsigned mma_shared_bytes(const PoolGeometry &g, unsigned mtiles) {
     const unsigned D = g.head_dim, rows = PKV_MMA_ROWS, warps = PKV_MMA_WARPS;
     auto is_quantized = [](pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; };
     auto stride = [&](const PlaneLayout &l) {
@@ -542,7 +537,8 @@ class GpuBackend final : public Backend {
     const bool quantized = is_quantized(g.k.format);
     const unsigned q = quantized ? 2 * (D / 32 * 32 * 16) + D / 32 * rows * 4 : 2 * (D / 16) * 32 * 16;
     const unsigned combine = 2 * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
-    return std::max(stages * stage + mtiles * q, combine);
+    const int float_pages = !quantized && !is_quantized(g.v.format);
+    return std::max(pkv_mma_stages(D, float_pages) * stage + mtiles * q, combine);
   }
 
   // Sends the batch's queued table changes and, unless the pool's plan buffer holds it already, the
@@ -658,7 +654,7 @@ class GpuBackend final : public Backend {
   DecodeKind kind_ = DecodeKind::mma;
   // [head_dim 64/128/256][K format][V format], looked up once
   Function fast_functions_[3][4][4] = {}, mma_functions_[3][4][4] = {};
-  uint8_t mma_stages_[3][4][4] = {};
+  bool mma_fits_[3][4][4] = {};
   uint32_t mma_blocks_per_sm_[3][4][4][2] = {}; // [..][row tiles a block serves: 1, 2]
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
