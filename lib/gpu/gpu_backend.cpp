@@ -461,9 +461,9 @@ class GpuBackend final : public Backend {
                              "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
     Function f = function(mma ? mma_module_ : fast_module_, name.c_str());
     if (mma) {
-      mma_fits_[d][kf][vf] = fits_shared_memory(f, mma_shared_bytes(g, 2), name);
-      if (mma_fits_[d][kf][vf])
-        check(dev_->tensor_cores()->set_shared_limit(f, int(mma_shared_bytes(g, 2))), (" " + name).c_str());
+      const unsigned bytes = mma_shared_bytes(g, 2); // a block of either row-tile count fits in this
+      mma_fits_[d][kf][vf] = fits_shared_memory(f, bytes, name);
+      if (mma_fits_[d][kf][vf]) check(dev_->tensor_cores()->set_shared_limit(f, int(bytes)), (" " + name).c_str());
     }
     fn = f;
     return fn;
