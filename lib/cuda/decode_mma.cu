@@ -192,10 +192,10 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
   }
 }
 
-template <int D, uint32_t KF, uint32_t VF> struct Mma {
+template <int D, uint32_t KF, uint32_t VF, int STAGES> struct Mma {
   using K = Row<KF, D>;
   using V = Row<VF, D>;
-  static constexpr int NS = D >= 256 || (D == 128 && !K::quantized && !V::quantized) ? 2 : 3; // as pkv_mma_stages
+  static constexpr int NS = STAGES; // as pkv_mma_stages or pkv_mma_fewer_stages
   static constexpr int KSTEPS = D / 16, GROUPS = D / 32, NT = D / 8;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
@@ -208,13 +208,13 @@ template <int D, uint32_t KF, uint32_t VF> struct Mma {
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
   static constexpr uint32_t combine_bytes = 2 * (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4; // 2 row tiles
   static constexpr uint32_t loop_bytes = NS * stage_bytes + q_bytes;
-  // What the host reserves: CudaBackend computes the same from kernel_params.h.
+  // The most the host reserves (two row tiles; mma_shared_bytes in gpu_backend.cpp).
   static constexpr uint32_t shared_bytes = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
   static_assert(shared_bytes <= 227 * 1024, "a block fits a multiprocessor's shared memory");
 };
 
-template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvDecodeParams &p) {
-  using M = Mma<D, KF, VF>;
+template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(const PkvDecodeParams &p) {
+  using M = Mma<D, KF, VF, NS>;
   using K = typename M::K;
   using V = typename M::V;
   extern __shared__ uint4 smem_words[];
@@ -621,17 +621,24 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_mma(const PkvD
 } // namespace
 
 // Registers a thread may use: as many blocks of one row tile per multiprocessor as shared memory
-// allows (64: 4, 128: 3, 256: 1), 65536 registers shared, allocated 8 at a time. ptxas, left to
-// itself, may take a few more and lose a block (128: 170 would leave 2).
-constexpr int mma_registers(int d) { return d == 64 ? 128 : d == 128 ? 168 : 255; }
+// allows on sm_90 (head_dim 64: 4; 128: 3, or 2 for float pages with three stages; 256: 1), 65536
+// registers shared, allocated 8 at a time. ptxas, left to itself, may take a few more and lose a
+// block (128 with 3 blocks: 170 would leave 2).
+constexpr int mma_registers(int d, int blocks) { return d == 64 ? 128 : blocks == 3 ? 168 : 255; }
+constexpr int mma_blocks(int d, int stages, bool float_pages) {
+  return d == 64 ? 4 : d == 256 ? 1 : float_pages && stages == 3 ? 2 : 3;
+}
 
-// pkv_decode_mma_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.
-#define PKV_MMA(D, KF, VF)                                                                                   \
-  extern "C" __global__ void __maxnreg__(mma_registers(D)) pkv_decode_mma_##D##_##KF##_##VF(PkvDecodeParams p) { \
-    decode_mma<D, KF, VF>(p);                                                                                \
+// pkv_decode_mma_<head_dim>_<k format>_<v format>_<stages>, format numbers as in pkv_format.
+#define PKV_MMA(D, KF, VF, NS)                                                                               \
+  extern "C" __global__ void __maxnreg__(mma_registers(D, mma_blocks(D, NS, KF <= BF16 && VF <= BF16)))      \
+      pkv_decode_mma_##D##_##KF##_##VF##_##NS(PkvDecodeParams p) {                                           \
+    decode_mma<D, KF, VF, NS>(p);                                                                            \
   }
-#define PKV_MMA_V(D, KF) PKV_MMA(D, KF, 2) PKV_MMA(D, KF, 3) PKV_MMA(D, KF, 4) PKV_MMA(D, KF, 5)
-#define PKV_MMA_KV(D) PKV_MMA_V(D, 2) PKV_MMA_V(D, 3) PKV_MMA_V(D, 4) PKV_MMA_V(D, 5)
-PKV_MMA_KV(64)
-PKV_MMA_KV(128)
-PKV_MMA_KV(256)
+#define PKV_MMA_V(D, KF, NS) PKV_MMA(D, KF, 2, NS) PKV_MMA(D, KF, 3, NS) PKV_MMA(D, KF, 4, NS) PKV_MMA(D, KF, 5, NS)
+#define PKV_MMA_KV(D, NS) PKV_MMA_V(D, 2, NS) PKV_MMA_V(D, 3, NS) PKV_MMA_V(D, 4, NS) PKV_MMA_V(D, 5, NS)
+PKV_MMA_KV(64, 3)
+PKV_MMA_KV(128, 3)
+PKV_MMA_KV(256, 2)
+// Float head_dim 128 with two stages (pkv_mma_fewer_stages).
+PKV_MMA(128, 2, 2, 2) PKV_MMA(128, 2, 3, 2) PKV_MMA(128, 3, 2, 2) PKV_MMA(128, 3, 3, 2)

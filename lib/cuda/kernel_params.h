@@ -123,12 +123,14 @@ static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes, int qua
   return quantized ? (units % 2 ? units : units + 1) * 16 : data_and_scale_bytes;
 }
 
-/* Shared-memory stages per block: two for head_dim 256 (a stage is large) and for float pages of
- * head_dim 128, three otherwise. Three for float head_dim 128 measured faster on sm_90 (two blocks
- * a multiprocessor, more bytes in flight per block) but take 112 KB a block, more than sm_86 and
- * sm_89 have (99 KB): the count has to follow the device before that can be used. */
-static inline uint32_t pkv_mma_stages(uint32_t head_dim, int float_pages) {
-  return head_dim >= 256 || (head_dim == 128 && float_pages) ? 2 : 3;
+/* Shared-memory stages per block of the tensor-core kernel: two for head_dim 256 (a stage is large),
+ * three otherwise (float pages of head_dim 128 then fit two blocks a multiprocessor, not three, and
+ * measured faster: more bytes in flight per block). Those take 112 KB a block, more than sm_86 and
+ * sm_89 give (99 KB), so their kernels are compiled with two stages as well, for the host to take
+ * where three do not fit (0: no such kernel). */
+static inline uint32_t pkv_mma_stages(uint32_t head_dim) { return head_dim >= 256 ? 2 : 3; }
+static inline uint32_t pkv_mma_fewer_stages(uint32_t head_dim, int float_pages) {
+  return head_dim == 128 && float_pages ? 2 : 0;
 }
 
 #endif

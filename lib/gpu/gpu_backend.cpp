@@ -148,7 +148,7 @@ class GpuBackend final : public Backend {
       Current current(*this);
       int blocks = 0;
       check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g), mtiles * PKV_MMA_WARPS * 32,
-                                            mma_shared_bytes(g, mtiles)));
+                                            mma_shared_bytes(g, mtiles, mma_stages(g))));
       n = uint32_t(std::max(1, blocks));
     }
     return sms_ * n;
@@ -449,8 +449,9 @@ class GpuBackend final : public Backend {
     return kind_ == DecodeKind::mma && !mma_fits(g) ? DecodeKind::fast : kind_;
   }
 
-  // The specialised kernel of a family for the pool's head_dim and formats, looked up once; for the
-  // tensor-core kernel also whether a block of two row tiles fits the device's shared memory.
+  // The specialised kernel of a family for the pool's head_dim and formats, looked up once. For the
+  // tensor-core kernel, the most stages whose block of two row tiles fits the device's shared
+  // memory (pkv_mma_stages, else pkv_mma_fewer_stages; 0 when neither fits).
   Function specialised_function(const PoolGeometry &g, DecodeKind kind) {
     const bool mma = kind == DecodeKind::mma;
     const unsigned d = g.head_dim / 128, kf = g.k.format - PKV_FORMAT_F16, vf = g.v.format - PKV_FORMAT_F16;
@@ -459,20 +460,27 @@ class GpuBackend final : public Backend {
     Current current(*this);
     const std::string name = std::string(mma ? "pkv_decode_mma_" : "pkv_decode_fast_") + std::to_string(g.head_dim) +
                              "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
-    Function f = function(mma ? mma_module_ : fast_module_, name.c_str());
-    if (mma) {
-      const unsigned bytes = mma_shared_bytes(g, 2); // a block of either row-tile count fits in this
-      mma_fits_[d][kf][vf] = fits_shared_memory(f, bytes, name);
-      if (mma_fits_[d][kf][vf]) check(dev_->tensor_cores()->set_shared_limit(f, int(bytes)), (" " + name).c_str());
+    if (!mma) return fn = function(fast_module_, name.c_str());
+    for (uint32_t stages : {pkv_mma_stages(g.head_dim), pkv_mma_fewer_stages(g.head_dim, float_pages(g))}) {
+      if (!stages) break;
+      const std::string staged = name + "_" + std::to_string(stages);
+      fn = function(mma_module_, staged.c_str());
+      const unsigned bytes = mma_shared_bytes(g, 2, stages); // a block of either row-tile count fits in this
+      if (fits_shared_memory(fn, bytes, staged)) {
+        check(dev_->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + staged).c_str());
+        mma_stages_[d][kf][vf] = uint8_t(stages);
+        break;
+      }
     }
-    fn = f;
     return fn;
   }
   Function mma_function(const PoolGeometry &g) { return specialised_function(g, DecodeKind::mma); }
-  bool mma_fits(const PoolGeometry &g) {
+  // The tensor-core kernel's stage count for the pool, 0 when no block of it fits the device.
+  unsigned mma_stages(const PoolGeometry &g) {
     mma_function(g);
-    return mma_fits_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+    return mma_stages_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
   }
+  bool mma_fits(const PoolGeometry &g) { return mma_stages(g) != 0; }
 
   // Whether `dynamic` bytes of shared memory and f's own arrays fit what a block may opt in to on
   // this device. PKV_TEST_SHARED_LIMIT (bytes) lowers the device's figure, so that a large GPU runs
@@ -498,7 +506,7 @@ class GpuBackend final : public Backend {
     if (k.kind == DecodeKind::mma) {
       k.mtiles = mma_tiles(rows);
       k.row_tiles = (rows + PKV_MMA_ROWS * k.mtiles - 1) / (PKV_MMA_ROWS * k.mtiles);
-      k.shared_bytes = mma_shared_bytes(g, k.mtiles);
+      k.shared_bytes = mma_shared_bytes(g, k.mtiles, mma_stages(g));
       return k;
     }
     // Shared-memory row strides as the fast kernel lays them out: data then scales, 16-byte aligned.
@@ -524,21 +532,21 @@ class GpuBackend final : public Backend {
   // each): two when a KV head has more rows than one tile, so the stages serve them all.
   static unsigned mma_tiles(uint32_t rows) { return rows <= PKV_MMA_ROWS ? 1 : 2; }
 
-  // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out: stages of
+  static bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
+  static int float_pages(const PoolGeometry &g) { return !is_quantized(g.k.format) && !is_quantized(g.v.format); }
+
+  // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out: `stages` stages of
   // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments of each row tile, and the warps'
-  // combine area.
-  static unsigned mma_shared_bytes(const PoolGeometry &g, unsigned mtiles) {
+  // combine area of each row tile (which reuses the others once a chunk is done).
+  static unsigned mma_shared_bytes(const PoolGeometry &g, unsigned mtiles, unsigned stages) {
     const unsigned D = g.head_dim, rows = PKV_MMA_ROWS, warps = PKV_MMA_WARPS;
-    auto is_quantized = [](pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; };
     auto stride = [&](const PlaneLayout &l) {
       return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
     };
     const unsigned stage = warps * PKV_MMA_TOKENS * (stride(g.k) + stride(g.v));
-    const bool quantized = is_quantized(g.k.format);
-    const unsigned q = quantized ? 2 * (D / 32 * 32 * 16) + D / 32 * rows * 4 : 2 * (D / 16) * 32 * 16;
-    const unsigned combine = 2 * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
-    const int float_pages = !quantized && !is_quantized(g.v.format);
-    return std::max(pkv_mma_stages(D, float_pages) * stage + mtiles * q, combine);
+    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32 * 32 * 16) + D / 32 * rows * 4 : 2 * (D / 16) * 32 * 16;
+    const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
+    return std::max(stages * stage + mtiles * q, combine);
   }
 
   // Sends the batch's queued table changes and, unless the pool's plan buffer holds it already, the
@@ -654,7 +662,7 @@ class GpuBackend final : public Backend {
   DecodeKind kind_ = DecodeKind::mma;
   // [head_dim 64/128/256][K format][V format], looked up once
   Function fast_functions_[3][4][4] = {}, mma_functions_[3][4][4] = {};
-  bool mma_fits_[3][4][4] = {};
+  uint8_t mma_stages_[3][4][4] = {}; // 0 until looked up, and where no block fits
   uint32_t mma_blocks_per_sm_[3][4][4][2] = {}; // [..][row tiles a block serves: 1, 2]
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
