@@ -3,9 +3,9 @@
 // tokens); blocks take items in turn, so any grid covers any plan (a captured launch replays
 // correctly after the plan changes).
 //  - K/V rows stream through shared-memory stages with 16-byte cp.async; a stage holds 64 tokens.
-//    A block serves 1 or 2 tiles of 16 query rows (speculative tokens times the GQA group) with 4
-//    warps each, a warp taking 16 tokens of every stage. Rows past the chunk are zero-filled, so
-//    every MMA input is finite.
+//    A block serves one narrow tile of 8 query rows (speculative tokens times the GQA group) or 1 or
+//    2 wide tiles of 16, with 4 warps each, a warp taking 16 tokens of every stage (Narrow and Wide
+//    below). Rows past the chunk are zero-filled, so every MMA input is finite.
 //  - Scores S = Q K^T and the output O = P V run on the tensor cores with fp32 accumulation. Float
 //    operands keep ~16-22 bits by splitting: q (and P) are sums of two f16 (F16 pages) or bf16 parts,
 //    each multiplied against the exact page values.
@@ -29,7 +29,6 @@ namespace {
 constexpr int WARPS = PKV_MMA_WARPS, THREADS = WARPS * 32; // per tile of query rows
 constexpr int SUB = PKV_MMA_TOKENS;   // tokens per warp per stage
 constexpr int TILE = WARPS * SUB;     // tokens per stage
-constexpr int ROWS = PKV_MMA_ROWS;    // query rows per item
 static_assert(THREADS == 2 * TILE, "a row tile's threads copy a stage: half K rows, half V rows");
 
 __device__ __forceinline__ void cp_async_zfill(void *smem, const void *global, bool valid) {
@@ -56,6 +55,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *sme
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
+}
+
+// The transpose of an 8x8 matrix of 16-bit pairs held as one fragment (lane (g, t): row g, columns
+// 2t, 2t + 1).
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // d += a b for one 16x8 tile, 16-bit float inputs (f16 when F16, else bf16).
@@ -192,37 +199,369 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
   }
 }
 
-template <int D, uint32_t KF, uint32_t VF, int STAGES> struct Mma {
+// Online softmax over a warp's 16 tokens of a stage, NE scores a thread: score e belongs to the
+// thread's row row_of(e) (0 or 1) and to token token_of(e). Hides what a row may not see, moves each
+// row's running max (`reduce` takes the max over the lanes that share the row), rescales the output
+// through rescale(correction) when a row's max moved, and leaves the weights P in s.
+template <int NE, class RowOf, class TokenOf, class Reduce, class Rescale>
+__device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[2], float (&l)[2], const uint32_t (&visible)[2],
+                                               uint32_t token_end, RowOf row_of, TokenOf token_of, Reduce reduce,
+                                               Rescale rescale) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int e = 0; e < NE; e++) {
+    const uint32_t t = token_of(e);
+    const bool seen = t < token_end && t < visible[row_of(e)];
+    s[e] = seen ? s[e] : -INFINITY;
+    tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
+  }
+  float correction[2], base[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const float m_new = fmaxf(m[i], reduce(tile_max[i]));
+    base[i] = m_new == -INFINITY ? 0.0f : m_new; // nothing seen yet: every weight is 0
+    correction[i] = exp2f(m[i] - base[i]);
+    m[i] = m_new;
+    l[i] *= correction[i];
+  }
+  if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(correction); // a max moved
+#pragma unroll
+  for (int e = 0; e < NE; e++) {
+    s[e] = exp2f(s[e] - base[row_of(e)]);
+    l[row_of(e)] += s[e];
+  }
+}
+
+// The max (or sum) of x over the lanes whose lane bits outside `MASK` agree.
+template <int MASK> __device__ __forceinline__ float lanes_max(float x) {
+#pragma unroll
+  for (int b = 1; b < 32; b *= 2)
+    if (MASK & b) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, b));
+  return x;
+}
+template <int MASK> __device__ __forceinline__ float lanes_sum(float x) {
+#pragma unroll
+  for (int b = 1; b < 32; b *= 2)
+    if (MASK & b) x += __shfl_xor_sync(0xffffffffu, x, b);
+  return x;
+}
+
+// A warp's share of one stage, in one of two shapes. Both hold: ROWS query rows a tile; the output
+// accumulators o, the running max m and sum l of the thread's two rows (row_of_thread(lane, i));
+// q_slot(r, k), where word k (of 8) of row r's 16 values (float K) or 32 values (quantized K) lies
+// among a lane's QW words of a k-step's q fragment; stage(), which adds 16 tokens; store(), which
+// writes the warp's partial result to the combine area.
+
+// Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
+// groups, speculative tokens): a thread holds rows gid, gid + 8.
+template <int D, uint32_t KF, uint32_t VF> struct Wide {
+  using K = Row<KF, D>;
+  using V = Row<VF, D>;
+  static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8, SPLIT = 2;
+  enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
+  float o[NT][4], m[2], l[2];
+
+  __device__ static int row_of_thread(int lane, int i) { return lane / 4 + 8 * i; }
+  // Word `reg` of lane (g, t) holds row g + 8 (reg & 1), values 2t, 2t + 1 (+ 8 when reg >= 2) of a
+  // 16-wide k-step; for int8 k32 steps 4t .. 4t + 3 (+ 16).
+  __device__ static int q_slot(int r, int k) { return ((r % 8) * 4 + k % 4) * QW + r / 8 + 2 * (k / 4); }
+
+  __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
+                        uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
+    const int gid = lane / 4, tig = lane % 4;
+    // S for this warp's 16 tokens: s[4j + e], n-tile j holding tokens 8j .. 8j + 7; thread: rows
+    // gid, gid + 8 (e / 2), tokens 8j + 2 tig, + 1 (e % 2).
+    float s[8] = {};
+    if constexpr (K::quantized) {
+#pragma unroll
+      for (int g = 0; g < GROUPS; g++) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int part = 0; part < 2; part++) {
+          const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(part * GROUPS + g) * 32 + lane];
+          a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
+        }
+        const float qs[2] = {q_scale[g * ROWS + gid], q_scale[g * ROWS + gid + 8]};
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          const uint8_t *kr = k_rows + (8 * j + gid) * K::stride;
+          const uint32_t b0 = quad<KF>(kr, g, tig), b1 = quad<KF>(kr, g, tig + 4);
+          int acc[2][4];
+          mma_s8(acc[0], a[0], b0, b1);
+          mma_s8(acc[1], a[1], b0, b1);
+          const float ks[2] = {K::scale(k_rows + (8 * j + 2 * tig) * K::stride, g),
+                               K::scale(k_rows + (8 * j + 2 * tig + 1) * K::stride, g)};
+#pragma unroll
+          for (int e = 0; e < 4; e++) s[4 * j + e] += float(acc[0][e] * 128 + acc[1][e]) * (qs[e / 2] * ks[e & 1]);
+        }
+      }
+    } else {
+      // Four accumulators per n-tile (q part x k-step parity): short dependency chains.
+      float part[2][4][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS; kk += 2) {
+        uint32_t b[2][4]; // [n-tile][k-step kk, kk + 1 halves]
+#pragma unroll
+        for (int j = 0; j < 2; j++) ldmatrix_x4(b[j], k_rows + K::at(8 * j + lane % 8, (kk * 16 + (lane / 8) * 8) * 2));
+#pragma unroll
+        for (int sp = 0; sp < SPLIT; sp++) {
+#pragma unroll
+          for (int half = 0; half < 2; half++) {
+            const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(sp * KSTEPS + kk + half) * 32 + lane];
+            const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
+            mma16<KF == F16>(part[0][2 * sp + half], a, b[0][2 * half], b[0][2 * half + 1]);
+            mma16<KF == F16>(part[1][2 * sp + half], a, b[1][2 * half], b[1][2 * half + 1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[4 * j + e] = (part[j][3][e] + part[j][2][e]) + (part[j][1][e] + part[j][0][e]);
+    }
+
+    online_softmax(
+        s, m, l, visible, token_end, [](int e) { return (e / 2) % 2; },
+        [&](int e) { return t_warp + 8 * (e / 4) + 2 * tig + e % 2; }, lanes_max<3>,
+        [&](const float (&c)[2]) {
+#pragma unroll
+          for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[nt][e] *= c[e / 2];
+        });
+
+    // O += P V. P as an A-fragment: word 0 row gid tokens 2tig, +1; word 1 row gid + 8; words 2, 3
+    // the same for tokens 8 + 2tig, + 1.
+    if constexpr (V::quantized) {
+      const int k_tok[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
+#pragma unroll
+      for (int g = 0; g < GROUPS; g++) {
+        float vs[4];
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          vs[i] = V::scale(v_rows + k_tok[i] * V::stride, g);
+          w[i] = quad<VF>(v_rows + k_tok[i] * V::stride, g, gid);
+        }
+        uint32_t a[SPLIT][4];
+        split_pair<false>(s[0] * vs[0], s[1] * vs[1], &a[0][0], 4);
+        split_pair<false>(s[2] * vs[0], s[3] * vs[1], &a[0][1], 4);
+        split_pair<false>(s[4] * vs[2], s[5] * vs[3], &a[0][2], 4);
+        split_pair<false>(s[6] * vs[2], s[7] * vs[3], &a[0][3], 4);
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+          const uint32_t b0 = int8_pair_bf16(w[0], w[1], t), b1 = int8_pair_bf16(w[2], w[3], t);
+#pragma unroll
+          for (int sp = 0; sp < SPLIT; sp++) mma16<false>(o[4 * g + t], a[sp], b0, b1);
+        }
+      }
+    } else {
+      constexpr bool f16 = VF == F16;
+      uint32_t a[SPLIT][4];
+      split_pair<f16>(s[0], s[1], &a[0][0], 4);
+      split_pair<f16>(s[2], s[3], &a[0][1], 4);
+      split_pair<f16>(s[4], s[5], &a[0][2], 4);
+      split_pair<f16>(s[6], s[7], &a[0][3], 4);
+#pragma unroll
+      for (int nt = 0; nt < NT; nt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_rows + V::at(lane % 8 + 8 * ((lane / 8) % 2), (nt + lane / 16) * 16));
+#pragma unroll
+        for (int sp = 0; sp < SPLIT; sp++) {
+          mma16<f16>(o[nt], a[sp], b[0], b[1]);
+          mma16<f16>(o[nt + 1], a[sp], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // co: [warp][ROWS][co_stride] floats; cm, cl: [warp][ROWS].
+  __device__ void store(float *co, int co_stride, float *cm, float *cl, int warp, int lane) {
+    const int gid = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++) l[i] = lanes_sum<3>(l[i]);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = gid + 8 * (e / 2), n = 2 * tig + (e & 1);
+        const int col = V::quantized ? (nt / 4) * 32 + quad_column<VF>(n, nt % 4) : nt * 8 + n;
+        co[(warp * ROWS + r) * co_stride + col] = o[nt][e];
+      }
+    if (tig == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        cm[warp * ROWS + gid + 8 * i] = m[i];
+        cl[warp * ROWS + gid + 8 * i] = l[i];
+      }
+    }
+  }
+};
+
+// Narrow: 8 query rows on the MMA's N dimension, the warp's 16 tokens on M (S^T = K Q^T,
+// O^T = V^T P^T), for the common decode of one token and a GQA group of up to 8: no MMA row is
+// padding when the group is 8, and half the MMAs, scale products and softmax work of Wide. A
+// thread holds tokens gid, gid + 8 of rows 2 tig, 2 tig + 1; P goes back to the MMA as the B
+// operand through a register transpose (movmatrix) of each 8x8 half.
+template <int D, uint32_t KF, uint32_t VF> struct Narrow {
+  using K = Row<KF, D>;
+  using V = Row<VF, D>;
+  static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16, SPLIT = 2;
+  enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
+  float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2
+
+  __device__ static int row_of_thread(int lane, int i) { return 2 * (lane % 4) + i; }
+  // A B-fragment: word `reg` of lane (g, t) holds row g, values 2t, 2t + 1 (+ 8 when reg = 1) of a
+  // 16-wide k-step; for int8 k32 steps 4t .. 4t + 3 (+ 16).
+  __device__ static int q_slot(int r, int k) { return (r * 4 + k % 4) * QW + k / 4; }
+
+  __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
+                        uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
+    const int gid = lane / 4, tig = lane % 4;
+    // S^T: s[e] token gid + 8 (e / 2), row 2 tig + e % 2.
+    float s[4] = {};
+    if constexpr (K::quantized) {
+      const uint8_t *k0 = k_rows + gid * K::stride, *k1 = k_rows + (gid + 8) * K::stride;
+#pragma unroll
+      for (int g = 0; g < GROUPS; g++) {
+        const uint32_t a[4] = {quad<KF>(k0, g, tig), quad<KF>(k1, g, tig), quad<KF>(k0, g, tig + 4),
+                               quad<KF>(k1, g, tig + 4)};
+        int acc[2][4];
+#pragma unroll
+        for (int part = 0; part < 2; part++) {
+          const uint2 b = reinterpret_cast<const uint2 *>(q_frag)[(part * GROUPS + g) * 32 + lane];
+          mma_s8(acc[part], a, b.x, b.y);
+        }
+        const float2 qs = reinterpret_cast<const float2 *>(q_scale)[(g * ROWS) / 2 + tig];
+        const float ks[2] = {K::scale(k0, g), K::scale(k1, g)};
+        const float scale[4] = {ks[0] * qs.x, ks[0] * qs.y, ks[1] * qs.x, ks[1] * qs.y};
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[e] += float(acc[0][e] * 128 + acc[1][e]) * scale[e];
+      }
+    } else {
+      float part[4][4] = {}; // [q part x k-step parity]: short dependency chains
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS; kk++) {
+        uint32_t a[4]; // tokens 0-7 / 8-15 (lanes 8-15, 24-31) at values +0 / +8 (lanes 16-31)
+        ldmatrix_x4(a, k_rows + K::at(lane % 8 + 8 * ((lane / 8) % 2), (kk * 16 + 8 * (lane / 16)) * 2));
+#pragma unroll
+        for (int sp = 0; sp < SPLIT; sp++) {
+          const uint2 b = reinterpret_cast<const uint2 *>(q_frag)[(sp * KSTEPS + kk) * 32 + lane];
+          mma16<KF == F16>(part[2 * sp + kk % 2], a, b.x, b.y);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[e] = (part[3][e] + part[2][e]) + (part[1][e] + part[0][e]);
+    }
+
+    online_softmax(
+        s, m, l, visible, token_end, [](int e) { return e % 2; }, [&](int e) { return t_warp + gid + 8 * (e / 2); },
+        lanes_max<28>,
+        [&](const float (&c)[2]) {
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[mt][e] *= c[e % 2];
+        });
+
+    // O^T += V^T P^T. P^T's B-fragment (tokens 2 tig, + 1 (+ 8) of row gid) is the transpose of
+    // what the thread holds, an 8x8 half (tokens gid or gid + 8) at a time, each split in two parts.
+    auto p_fragment = [&](float scale0, float scale1, uint32_t (&b)[SPLIT][2]) {
+      uint32_t x[SPLIT][2];
+      split_pair<VF == F16>(s[0] * scale0, s[1] * scale0, &x[0][0], 2);
+      split_pair<VF == F16>(s[2] * scale1, s[3] * scale1, &x[0][1], 2);
+#pragma unroll
+      for (int sp = 0; sp < SPLIT; sp++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) b[sp][h] = transpose8x8(x[sp][h]);
+    };
+    if constexpr (V::quantized) {
+      // Each token's group scale multiplies P; the thread's A-fragment words are four consecutive
+      // values (quad gid) of tokens 2 tig, + 1, + 8, + 9: m-tile 2g + u takes values 2u, 2u + 1.
+      const uint8_t *v_tok[4] = {v_rows + 2 * tig * V::stride, v_rows + (2 * tig + 1) * V::stride,
+                                 v_rows + (2 * tig + 8) * V::stride, v_rows + (2 * tig + 9) * V::stride};
+#pragma unroll
+      for (int g = 0; g < GROUPS; g++) {
+        uint32_t b[SPLIT][2];
+        p_fragment(V::scale(v_rows + gid * V::stride, g), V::scale(v_rows + (gid + 8) * V::stride, g), b);
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = quad<VF>(v_tok[i], g, gid);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+          const uint32_t a[4] = {int8_pair_bf16(w[0], w[1], 2 * u), int8_pair_bf16(w[0], w[1], 2 * u + 1),
+                                 int8_pair_bf16(w[2], w[3], 2 * u), int8_pair_bf16(w[2], w[3], 2 * u + 1)};
+#pragma unroll
+          for (int sp = 0; sp < SPLIT; sp++) mma16<false>(o[2 * g + u], a, b[sp][0], b[sp][1]);
+        }
+      }
+    } else {
+      constexpr bool f16 = VF == F16;
+      uint32_t b[SPLIT][2];
+      p_fragment(1.0f, 1.0f, b);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        uint32_t a[4]; // values +0 / +8 (lanes 8-15, 24-31) of tokens 0-7 / 8-15 (lanes 16-31), transposed
+        ldmatrix_x4_trans(a, v_rows + V::at(lane % 8 + 8 * (lane / 16), (16 * mt + 8 * ((lane / 8) % 2)) * 2));
+#pragma unroll
+        for (int sp = 0; sp < SPLIT; sp++) mma16<f16>(o[mt], a, b[sp][0], b[sp][1]);
+      }
+    }
+  }
+
+  __device__ void store(float *co, int co_stride, float *cm, float *cl, int warp, int lane) {
+    const int gid = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++) l[i] = lanes_sum<28>(l[i]);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = V::quantized ? (mt / 2) * 32 + quad_column<VF>(gid, 2 * (mt % 2) + e / 2) : 16 * mt + gid + 8 * (e / 2);
+        co[(warp * ROWS + 2 * tig + e % 2) * co_stride + col] = o[mt][e];
+      }
+    if (gid == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        cm[warp * ROWS + 2 * tig + i] = m[i];
+        cl[warp * ROWS + 2 * tig + i] = l[i];
+      }
+    }
+  }
+};
+
+template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   using K = Row<KF, D>;
   using V = Row<VF, D>;
   static constexpr int NS = STAGES; // as pkv_mma_stages or pkv_mma_fewer_stages
-  static constexpr int KSTEPS = D / 16, GROUPS = D / 32, NT = D / 8;
+  static constexpr int ROWS = T::ROWS, KSTEPS = D / 16, GROUPS = D / 32;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
   static constexpr uint32_t stage_bytes = TILE * (K::stride + V::stride);
-  // q fragments: float K [split][kstep][lane][4 words]; quantized K [part][group][lane][4 words] and
-  // scales [group][row].
-  static constexpr uint32_t q_words = K::quantized ? 2 * GROUPS * 32 * 4 : SPLIT * KSTEPS * 32 * 4;
+  // q fragments: float K [split][kstep][lane][QW words]; quantized K [part][group][lane][QW words]
+  // and scales [group][row].
+  static constexpr uint32_t q_words = (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
   static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
   static constexpr uint32_t combine_bytes = 2 * (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4; // 2 row tiles
-  static constexpr uint32_t loop_bytes = NS * stage_bytes + q_bytes;
+  static constexpr uint32_t loop_bytes = NS * stage_bytes + 2 * q_bytes;
   // The most the host reserves (two row tiles; mma_shared_bytes in gpu_backend.cpp).
   static constexpr uint32_t shared_bytes = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
   static_assert(shared_bytes <= 227 * 1024, "a block fits a multiprocessor's shared memory");
 };
 
-template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(const PkvDecodeParams &p) {
-  using M = Mma<D, KF, VF, NS>;
+template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void decode_mma(const PkvDecodeParams &p) {
+  using M = Mma<D, KF, VF, NS, T>;
   using K = typename M::K;
   using V = typename M::V;
+  constexpr int ROWS = M::ROWS;
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
   __shared__ int s_last;
   __shared__ StageRow stage_rows[M::NS][TILE];
 
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, gid = lane / 4, tig = lane % 4;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   // The block's MT tiles of ROWS query rows, WARPS warps each, every warp taking 16 tokens of a stage:
   // each K/V row in shared memory serves all the block's rows.
   const int MT = int(p.mtiles), mt = warp / WARPS, slice = warp % WARPS, threads = int(blockDim.x);
@@ -277,11 +616,11 @@ template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(co
       }
     };
 
-    // Positions each of this thread's two rows (gid, gid + 8) sees.
+    // Positions each of this thread's two rows sees.
     uint32_t visible[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      const uint32_t r = mt * ROWS + gid + 8 * i, tok = (z * block_rows + r) / group;
+      const uint32_t r = mt * ROWS + T::row_of_thread(lane, i), tok = (z * block_rows + r) / group;
       visible[i] = row_valid(r) ? length - p.q_tokens + tok + 1 : 0;
     }
 
@@ -313,10 +652,10 @@ template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(co
       cp_async_commit();
     };
 
-    float o[M::NT][4];
+    T acc;
 #pragma unroll
-    for (int nt = 0; nt < M::NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int i = 0; i < 2; i++) acc.m[i] = -INFINITY, acc.l[i] = 0.0f;
+    for (auto &o : acc.o) o[0] = o[1] = o[2] = o[3] = 0.0f;
 
     if (tid < TILE)
 #pragma unroll
@@ -325,9 +664,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(co
 #pragma unroll
     for (int s = 0; s < M::NS - 1; s++) issue(s);
 
-    // While the first stages load: q as MMA A-fragments. Word `reg` of lane (g, t) for a 16-wide
-    // k-step holds row g + 8 (reg & 1), columns 2t, 2t + 1 (+ 8 when reg >= 2); for int8 k32 steps
-    // 4t .. 4t + 3 (+ 16).
+    // While the first stages load: q as MMA fragments (word k of row r at T::q_slot(r, k)).
     if constexpr (K::quantized) {
       // Two int8 parts per (row, group): q ~ s (128 q1 + q2), q1 = round(q / 128 s) and q2 quantizing
       // what q1 missed (|q2| <= 64), so the dot product keeps ~15 bits of q and the two int32 dot
@@ -351,9 +688,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(co
             w[0] |= uint32_t(uint8_t(int8_t(q1))) << (8 * b);
             w[1] |= uint32_t(uint8_t(int8_t(q2))) << (8 * b);
           }
-          const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
 #pragma unroll
-          for (int part = 0; part < 2; part++) frag[((part * M::GROUPS + g) * 32 + ln) * 4 + reg] = w[part];
+          for (int part = 0; part < 2; part++) frag[(part * M::GROUPS + g) * 32 * T::QW + T::q_slot(r, k)] = w[part];
         }
       }
     } else {
@@ -362,10 +698,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(co
         float v[16];
         q_values(i_tile * ROWS + r, kk * 16, v);
 #pragma unroll
-        for (int k = 0; k < 8; k++) { // two values a word
-          const int ln = (r % 8) * 4 + k % 4, reg = (r / 8) + 2 * (k / 4);
-          split_pair<KF == F16>(v[2 * k], v[2 * k + 1], &q_frag_of(i_tile)[(kk * 32 + ln) * 4 + reg], M::KSTEPS * 32 * 4);
-        }
+        for (int k = 0; k < 8; k++) // two values a word
+          split_pair<KF == F16>(v[2 * k], v[2 * k + 1], &q_frag_of(i_tile)[kk * 32 * T::QW + T::q_slot(r, k)],
+                                M::KSTEPS * 32 * T::QW);
       }
     }
 
@@ -377,173 +712,19 @@ template <int D, uint32_t KF, uint32_t VF, int NS> __device__ void decode_mma(co
       __syncthreads();
       const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
       // This warp's 16 tokens of the stage.
-      const uint8_t *k_rows = stage + slice * SUB * K::stride, *v_rows = stage + TILE * K::stride + slice * SUB * V::stride;
-      const uint32_t t_warp = c.token_begin + tile * TILE + slice * SUB;
-
-      // S for this warp's 16 tokens: n-tile j holds tokens 8j .. 8j + 7; thread: rows gid, gid + 8,
-      // tokens 8j + 2 tig, + 1.
-      float s[2][4] = {};
-      if constexpr (K::quantized) {
-#pragma unroll
-        for (int g = 0; g < M::GROUPS; g++) {
-          uint32_t a[2][4];
-#pragma unroll
-          for (int part = 0; part < 2; part++) {
-            const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(part * M::GROUPS + g) * 32 + lane];
-            a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
-          }
-          const float qs[2] = {q_scale_sm[g * ROWS + gid], q_scale_sm[g * ROWS + gid + 8]};
-#pragma unroll
-          for (int j = 0; j < 2; j++) {
-            const uint8_t *kr = k_rows + (8 * j + gid) * K::stride;
-            const uint32_t b0 = quad<KF>(kr, g, tig), b1 = quad<KF>(kr, g, tig + 4);
-            int acc[2][4];
-            mma_s8(acc[0], a[0], b0, b1);
-            mma_s8(acc[1], a[1], b0, b1);
-            const float ks[2] = {K::scale(k_rows + (8 * j + 2 * tig) * K::stride, g),
-                                 K::scale(k_rows + (8 * j + 2 * tig + 1) * K::stride, g)};
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[j][e] += float(acc[0][e] * 128 + acc[1][e]) * (qs[e / 2] * ks[e & 1]);
-          }
-        }
-      } else {
-        // Four accumulators per n-tile (q part x k-step parity): short dependency chains.
-        float part[2][4][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < M::KSTEPS; kk += 2) {
-          uint32_t b[2][4]; // [n-tile][k-step kk, kk + 1 halves]
-#pragma unroll
-          for (int j = 0; j < 2; j++)
-            ldmatrix_x4(b[j], k_rows + K::at(8 * j + lane % 8, (kk * 16 + (lane / 8) * 8) * 2));
-#pragma unroll
-          for (int sp = 0; sp < M::SPLIT; sp++) {
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-              const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(sp * M::KSTEPS + kk + half) * 32 + lane];
-              const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
-              mma16<KF == F16>(part[0][2 * sp + half], a, b[0][2 * half], b[0][2 * half + 1]);
-              mma16<KF == F16>(part[1][2 * sp + half], a, b[1][2 * half], b[1][2 * half + 1]);
-            }
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) s[j][e] = (part[j][3][e] + part[j][2][e]) + (part[j][1][e] + part[j][0][e]);
-      }
-
-      // Online softmax over the 16 tokens, per row (the four threads of a quad share a row).
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const uint32_t t = t_warp + 8 * j + 2 * tig + (e & 1);
-          const bool seen = t < c.token_end && t < visible[e / 2];
-          s[j][e] = seen ? s[j][e] : -INFINITY;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
-        }
-      float correction[2], base[2];
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-        const float m_new = fmaxf(m[i], tile_max[i]);
-        base[i] = m_new == -INFINITY ? 0.0f : m_new; // nothing seen yet: every weight is 0
-        correction[i] = exp2f(m[i] - base[i]);
-        m[i] = m_new;
-        l[i] *= correction[i];
-      }
-      if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) { // a row's max moved
-#pragma unroll
-        for (int nt = 0; nt < M::NT; nt++) {
-          o[nt][0] *= correction[0];
-          o[nt][1] *= correction[0];
-          o[nt][2] *= correction[1];
-          o[nt][3] *= correction[1];
-        }
-      }
-      float pr[2][4];
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          pr[j][e] = exp2f(s[j][e] - base[e / 2]);
-          l[e / 2] += pr[j][e];
-        }
-
-      // O += P V. P as an A-fragment: word 0 row gid tokens 2tig, +1; word 1 row gid + 8; words 2, 3
-      // the same for tokens 8 + 2tig, + 1.
-      if constexpr (V::quantized) {
-        const int k_tok[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
-#pragma unroll
-        for (int g = 0; g < M::GROUPS; g++) {
-          float vs[4];
-          uint32_t w[4];
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            vs[i] = V::scale(v_rows + k_tok[i] * V::stride, g);
-            w[i] = quad<VF>(v_rows + k_tok[i] * V::stride, g, gid);
-          }
-          uint32_t a[M::SPLIT][4];
-          split_pair<false>(pr[0][0] * vs[0], pr[0][1] * vs[1], &a[0][0], 4);
-          split_pair<false>(pr[0][2] * vs[0], pr[0][3] * vs[1], &a[0][1], 4);
-          split_pair<false>(pr[1][0] * vs[2], pr[1][1] * vs[3], &a[0][2], 4);
-          split_pair<false>(pr[1][2] * vs[2], pr[1][3] * vs[3], &a[0][3], 4);
-#pragma unroll
-          for (int t = 0; t < 4; t++) {
-            const uint32_t b0 = int8_pair_bf16(w[0], w[1], t), b1 = int8_pair_bf16(w[2], w[3], t);
-#pragma unroll
-            for (int sp = 0; sp < M::SPLIT; sp++) mma16<false>(o[4 * g + t], a[sp], b0, b1);
-          }
-        }
-      } else {
-        constexpr bool f16 = VF == F16;
-        uint32_t a[M::SPLIT][4];
-        split_pair<f16>(pr[0][0], pr[0][1], &a[0][0], 4);
-        split_pair<f16>(pr[0][2], pr[0][3], &a[0][1], 4);
-        split_pair<f16>(pr[1][0], pr[1][1], &a[0][2], 4);
-        split_pair<f16>(pr[1][2], pr[1][3], &a[0][3], 4);
-#pragma unroll
-        for (int nt = 0; nt < M::NT; nt += 2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_rows + V::at(lane % 8 + 8 * ((lane / 8) % 2), (nt + lane / 16) * 16));
-#pragma unroll
-          for (int sp = 0; sp < M::SPLIT; sp++) {
-            mma16<f16>(o[nt], a[sp], b[0], b[1]);
-            mma16<f16>(o[nt + 1], a[sp], b[2], b[3]);
-          }
-        }
-      }
+      const uint8_t *k_rows = stage + slice * SUB * K::stride;
+      const uint8_t *v_rows = stage + TILE * K::stride + slice * SUB * V::stride;
+      acc.stage(k_rows, v_rows, q_frag, q_scale_sm, c.token_begin + tile * TILE + slice * SUB, c.token_end, visible, lane);
       if (tid < TILE) stage_rows[tile % M::NS][tid] = locate(tile + M::NS, next_page);
       __syncthreads(); // the stage is refilled next
     }
     cp_async_wait<0>();
 
     // Combine the warps through shared memory (the stages are free now).
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-      l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    }
     __syncthreads();
     float *co = reinterpret_cast<float *>(smem);            // [WARPS][ROWS][CO_STRIDE]
     float *cm = co + MT * WARPS * ROWS * M::CO_STRIDE, *cl = cm + MT * WARPS * ROWS; // [warp][ROWS]
-#pragma unroll
-    for (int nt = 0; nt < M::NT; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = gid + 8 * (e / 2), n = 2 * tig + (e & 1);
-        const int col = V::quantized ? (nt / 4) * 32 + quad_column<VF>(n, nt % 4) : nt * 8 + n;
-        co[(warp * ROWS + r) * M::CO_STRIDE + col] = o[nt][e];
-      }
-    if (tig == 0) {
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        cm[warp * ROWS + gid + 8 * i] = m[i];
-        cl[warp * ROWS + gid + 8 * i] = l[i];
-      }
-    }
+    acc.store(co, M::CO_STRIDE, cm, cl, warp, lane);
     __syncthreads();
 
     const bool split = c.part != kNoPart;
@@ -629,12 +810,14 @@ constexpr int mma_blocks(int d, int stages, bool float_pages) {
   return d == 64 ? 4 : d == 256 ? 1 : float_pages && stages == 3 ? 2 : 3;
 }
 
-// pkv_decode_mma_<head_dim>_<k format>_<v format>_<stages>, format numbers as in pkv_format.
-#define PKV_MMA(D, KF, VF, NS)                                                                               \
+// pkv_decode_mma<rows>_<head_dim>_<k format>_<v format>_<stages>: rows 16 (Wide) or 8 (Narrow) a
+// tile, format numbers as in pkv_format.
+#define PKV_MMA_TILE(T, R, D, KF, VF, NS)                                                                    \
   extern "C" __global__ void __maxnreg__(mma_registers(D, mma_blocks(D, NS, KF <= BF16 && VF <= BF16)))      \
-      pkv_decode_mma_##D##_##KF##_##VF##_##NS(PkvDecodeParams p) {                                           \
-    decode_mma<D, KF, VF, NS>(p);                                                                            \
+      pkv_decode_mma##R##_##D##_##KF##_##VF##_##NS(PkvDecodeParams p) {                                      \
+    decode_mma<D, KF, VF, NS, T<D, KF, VF>>(p);                                                              \
   }
+#define PKV_MMA(D, KF, VF, NS) PKV_MMA_TILE(Wide, 16, D, KF, VF, NS) PKV_MMA_TILE(Narrow, 8, D, KF, VF, NS)
 #define PKV_MMA_V(D, KF, NS) PKV_MMA(D, KF, 2, NS) PKV_MMA(D, KF, 3, NS) PKV_MMA(D, KF, 4, NS) PKV_MMA(D, KF, 5, NS)
 #define PKV_MMA_KV(D, NS) PKV_MMA_V(D, 2, NS) PKV_MMA_V(D, 3, NS) PKV_MMA_V(D, 4, NS) PKV_MMA_V(D, 5, NS)
 PKV_MMA_KV(64, 3)

@@ -109,11 +109,13 @@ typedef struct PkvReadParams {
 #define PKV_FAST_STAGES 4
 #define PKV_FAST_MAX_THREADS 256
 
-/* The tensor-core kernels (decode_mma.cu): warps per tile of PKV_MMA_ROWS query rows (a block serves
- * one or two tiles), each warp taking PKV_MMA_TOKENS tokens of a shared-memory stage. */
+/* The tensor-core kernels (decode_mma.cu): warps per tile of query rows, each warp taking
+ * PKV_MMA_TOKENS tokens of a shared-memory stage; query rows a tile: PKV_MMA_ROWS for the wide tile
+ * (a block serves one or two), PKV_MMA_NARROW_ROWS for the narrow one (one a block). */
 #define PKV_MMA_WARPS 4
 #define PKV_MMA_TOKENS 16
 #define PKV_MMA_ROWS 16
+#define PKV_MMA_NARROW_ROWS 8
 
 /* Bytes a K or V row takes in the tensor-core kernel's shared memory: float rows as they are (their
  * 16-byte units permuted per row), quantized rows (data then scales) padded to an odd number of

@@ -103,6 +103,8 @@ class GpuBackend final : public Backend {
  public:
   GpuBackend(std::unique_ptr<Device> device, void *stream) : dev_(std::move(device)) {
     kind_ = decode_kind_from_environment();
+    const char *kernel = std::getenv("PKV_DECODE_KERNEL");
+    narrow_ = !(kernel && std::strcmp(kernel, "mma16") == 0);
     try {
       Current current(*this);
       int sms = 0, warp = 0;
@@ -141,14 +143,14 @@ class GpuBackend final : public Backend {
   pkv_backend kind() const override { return dev_->kind(); }
   uint32_t workers(const PoolGeometry &g, uint32_t rows) override {
     if (decode_kind(g) != DecodeKind::mma) return sms_;
-    const unsigned mtiles = mma_tiles(rows);
-    uint32_t &n = mma_blocks_per_sm_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16]
-                                    [mtiles - 1];
+    const MmaShape shape = mma_shape(rows);
+    uint32_t &n = mma_blocks_per_sm_[shape.narrow ? 0 : shape.mtiles][g.head_dim / 128][g.k.format - PKV_FORMAT_F16]
+                                    [g.v.format - PKV_FORMAT_F16];
     if (!n) {
       Current current(*this);
       int blocks = 0;
-      check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g), mtiles * PKV_MMA_WARPS * 32,
-                                            mma_shared_bytes(g, mtiles, mma_stages(g))));
+      check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g, shape.narrow), shape.mtiles * PKV_MMA_WARPS * 32,
+                                            mma_shared_bytes(g, shape, mma_stages(g, shape.narrow))));
       n = uint32_t(std::max(1, blocks));
     }
     return sms_ * n;
@@ -418,15 +420,15 @@ class GpuBackend final : public Backend {
   }
 
   // PKV_DECODE_KERNEL=mma|fast|generic picks a family for A/B runs; by default the newest the runtime
-  // has (the tensor-core kernels are CUDA-only).
+  // has (the tensor-core kernels are CUDA-only). mma16: the tensor-core kernel with wide tiles only.
   DecodeKind decode_kind_from_environment() const {
     const char *kernel = std::getenv("PKV_DECODE_KERNEL");
     const bool mma = dev_->images().mma != nullptr;
     if (kernel && std::strcmp(kernel, "fast") == 0) return DecodeKind::fast;
     if (kernel && std::strcmp(kernel, "generic") == 0) return DecodeKind::generic;
-    if (kernel && std::strcmp(kernel, "mma") == 0 && !mma)
-      fail(PKV_ERR_UNSUPPORTED, "PKV_DECODE_KERNEL=mma: the tensor-core decode kernels are CUDA-only; the %s backend "
-           "has fast and generic", dev_->name());
+    if (kernel && (std::strcmp(kernel, "mma") == 0 || std::strcmp(kernel, "mma16") == 0) && !mma)
+      fail(PKV_ERR_UNSUPPORTED, "PKV_DECODE_KERNEL=%s: the tensor-core decode kernels are CUDA-only; the %s backend "
+           "has fast and generic", kernel, dev_->name());
     return mma ? DecodeKind::mma : DecodeKind::fast;
   }
 
@@ -449,38 +451,41 @@ class GpuBackend final : public Backend {
     return kind_ == DecodeKind::mma && !mma_fits(g) ? DecodeKind::fast : kind_;
   }
 
-  // The specialised kernel of a family for the pool's head_dim and formats, looked up once. For the
-  // tensor-core kernel, the most stages whose block of two row tiles fits the device's shared
-  // memory (pkv_mma_stages, else pkv_mma_fewer_stages; 0 when neither fits).
-  Function specialised_function(const PoolGeometry &g, DecodeKind kind) {
+  // The specialised kernel of a family for the pool's head_dim and formats, looked up once (for the
+  // tensor-core kernel, of the narrow or wide tile).
+  Function specialised_function(const PoolGeometry &g, DecodeKind kind, bool narrow = false) {
     const bool mma = kind == DecodeKind::mma;
     const unsigned d = g.head_dim / 128, kf = g.k.format - PKV_FORMAT_F16, vf = g.v.format - PKV_FORMAT_F16;
-    Function &fn = (mma ? mma_functions_ : fast_functions_)[d][kf][vf];
+    Function &fn = mma ? mma_functions_[narrow][d][kf][vf] : fast_functions_[d][kf][vf];
     if (fn) return fn;
     Current current(*this);
-    const std::string name = std::string(mma ? "pkv_decode_mma_" : "pkv_decode_fast_") + std::to_string(g.head_dim) +
-                             "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
-    if (!mma) return fn = function(fast_module_, name.c_str());
+    const std::string formats = std::to_string(g.head_dim) + "_" + std::to_string(int(g.k.format)) + "_" +
+                                std::to_string(int(g.v.format));
+    if (!mma) return fn = function(fast_module_, ("pkv_decode_fast_" + formats).c_str());
+    // The most stages whose largest block (two wide row tiles, one narrow) fits the device's shared
+    // memory: pkv_mma_stages, else pkv_mma_fewer_stages; none when neither fits.
+    const MmaShape largest = narrow ? MmaShape{true, 1} : MmaShape{false, 2};
     for (uint32_t stages : {pkv_mma_stages(g.head_dim), pkv_mma_fewer_stages(g.head_dim, float_pages(g))}) {
       if (!stages) break;
-      const std::string staged = name + "_" + std::to_string(stages);
-      fn = function(mma_module_, staged.c_str());
-      const unsigned bytes = mma_shared_bytes(g, 2, stages); // a block of either row-tile count fits in this
-      if (fits_shared_memory(fn, bytes, staged)) {
-        check(dev_->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + staged).c_str());
-        mma_stages_[d][kf][vf] = uint8_t(stages);
+      const std::string name = std::string(narrow ? "pkv_decode_mma8_" : "pkv_decode_mma16_") + formats + "_" +
+                               std::to_string(stages);
+      fn = function(mma_module_, name.c_str());
+      const unsigned bytes = mma_shared_bytes(g, largest, stages);
+      if (fits_shared_memory(fn, bytes, name)) {
+        check(dev_->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
+        mma_stages_[narrow][d][kf][vf] = uint8_t(stages);
         break;
       }
     }
     return fn;
   }
-  Function mma_function(const PoolGeometry &g) { return specialised_function(g, DecodeKind::mma); }
+  Function mma_function(const PoolGeometry &g, bool narrow) { return specialised_function(g, DecodeKind::mma, narrow); }
   // The tensor-core kernel's stage count for the pool, 0 when no block of it fits the device.
-  unsigned mma_stages(const PoolGeometry &g) {
-    mma_function(g);
-    return mma_stages_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+  unsigned mma_stages(const PoolGeometry &g, bool narrow) {
+    mma_function(g, narrow);
+    return mma_stages_[narrow][g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
   }
-  bool mma_fits(const PoolGeometry &g) { return mma_stages(g) != 0; }
+  bool mma_fits(const PoolGeometry &g) { return mma_stages(g, false) != 0 && mma_stages(g, true) != 0; }
 
   // Whether `dynamic` bytes of shared memory and f's own arrays fit what a block may opt in to on
   // this device. PKV_TEST_SHARED_LIMIT (bytes) lowers the device's figure, so that a large GPU runs
@@ -502,13 +507,15 @@ class GpuBackend final : public Backend {
       k.row_tiles = (rows + PKV_HEAD_TILE - 1) / PKV_HEAD_TILE;
       return k;
     }
-    k.fn = specialised_function(g, k.kind);
     if (k.kind == DecodeKind::mma) {
-      k.mtiles = mma_tiles(rows);
-      k.row_tiles = (rows + PKV_MMA_ROWS * k.mtiles - 1) / (PKV_MMA_ROWS * k.mtiles);
-      k.shared_bytes = mma_shared_bytes(g, k.mtiles, mma_stages(g));
+      const MmaShape shape = mma_shape(rows);
+      k.fn = mma_function(g, shape.narrow);
+      k.mtiles = shape.mtiles;
+      k.row_tiles = (rows + shape.rows() - 1) / shape.rows();
+      k.shared_bytes = mma_shared_bytes(g, shape, mma_stages(g, shape.narrow));
       return k;
     }
+    k.fn = specialised_function(g, k.kind);
     // Shared-memory row strides as the fast kernel lays them out: data then scales, 16-byte aligned.
     auto stride = [](const PlaneLayout &l) { return unsigned(align16(l.row_data_bytes + l.row_scale_bytes)); };
     const unsigned bdx = D / 8, row_bytes = stride(g.k) + stride(g.v), max_threads = PKV_FAST_MAX_THREADS;
@@ -528,23 +535,35 @@ class GpuBackend final : public Backend {
     return k;
   }
 
-  // Tiles of PKV_MMA_ROWS query rows one block of the tensor-core kernel serves (PKV_MMA_WARPS warps
-  // each): two when a KV head has more rows than one tile, so the stages serve them all.
-  static unsigned mma_tiles(uint32_t rows) { return rows <= PKV_MMA_ROWS ? 1 : 2; }
+  // The query rows one block of the tensor-core kernel serves: a narrow tile (PKV_MMA_NARROW_ROWS)
+  // when a KV head's rows fit one, else one or two wide tiles (PKV_MMA_ROWS each, PKV_MMA_WARPS
+  // warps each): two when a KV head has more rows than one, so the stages serve them all.
+  struct MmaShape {
+    bool narrow;
+    unsigned mtiles;
+    unsigned rows() const { return (narrow ? PKV_MMA_NARROW_ROWS : PKV_MMA_ROWS) * mtiles; }
+  };
+  MmaShape mma_shape(uint32_t rows) const {
+    if (narrow_ && rows <= PKV_MMA_NARROW_ROWS) return {true, 1};
+    return {false, rows <= PKV_MMA_ROWS ? 1u : 2u};
+  }
 
   static bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
   static int float_pages(const PoolGeometry &g) { return !is_quantized(g.k.format) && !is_quantized(g.v.format); }
 
   // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out: `stages` stages of
-  // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments of each row tile, and the warps'
-  // combine area of each row tile (which reuses the others once a chunk is done).
-  static unsigned mma_shared_bytes(const PoolGeometry &g, unsigned mtiles, unsigned stages) {
-    const unsigned D = g.head_dim, rows = PKV_MMA_ROWS, warps = PKV_MMA_WARPS;
+  // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments of each row tile (a lane's share of a
+  // k-step: rows / 4 words), and the warps' combine area of each row tile (which reuses the others
+  // once a chunk is done).
+  static unsigned mma_shared_bytes(const PoolGeometry &g, MmaShape shape, unsigned stages) {
+    const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
+    const unsigned lane_bytes = rows / 4 * 4;
     auto stride = [&](const PlaneLayout &l) {
       return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
     };
     const unsigned stage = warps * PKV_MMA_TOKENS * (stride(g.k) + stride(g.v));
-    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32 * 32 * 16) + D / 32 * rows * 4 : 2 * (D / 16) * 32 * 16;
+    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + D / 32 * rows * 4
+                                                : 2 * (D / 16) * 32 * lane_bytes;
     const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
     return std::max(stages * stage + mtiles * q, combine);
   }
@@ -661,9 +680,11 @@ class GpuBackend final : public Backend {
   Module pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
   DecodeKind kind_ = DecodeKind::mma;
   // [head_dim 64/128/256][K format][V format], looked up once
-  Function fast_functions_[3][4][4] = {}, mma_functions_[3][4][4] = {};
-  uint8_t mma_stages_[3][4][4] = {}; // 0 until looked up, and where no block fits
-  uint32_t mma_blocks_per_sm_[3][4][4][2] = {}; // [..][row tiles a block serves: 1, 2]
+  bool narrow_ = true; // the tensor-core kernel's narrow tile serves where it can
+  // By [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first by [narrow].
+  Function fast_functions_[3][4][4] = {}, mma_functions_[2][3][4][4] = {};
+  uint8_t mma_stages_[2][3][4][4] = {}; // 0 until looked up, and where no block fits
+  uint32_t mma_blocks_per_sm_[3][3][4][4] = {}; // first by shape: narrow, 1 or 2 wide row tiles
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
   Function partial_[8] = {};
