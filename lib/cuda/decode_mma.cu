@@ -79,12 +79,13 @@ template <bool F16> __device__ __forceinline__ void mma16(float d[4], const uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d = a b for one 16x8 tile of int8 inputs, k = 32.
-__device__ __forceinline__ void mma_s8(int d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+// d = c + a b for one 16x8 tile of int8 inputs, k = 32.
+__device__ __forceinline__ void mma_s8(int d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const int c[4]) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%10,%10,%10,%10};\n"
+               "{%10,%11,%12,%13};\n"
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+                 "r"(c[3]));
 }
 
 // Two floats as a packed pair of 16-bit floats (x low, y high), rounded: one conversion for both.
@@ -118,14 +119,16 @@ template <bool F16> __device__ __forceinline__ void split_pair(float x, float y,
   out[stride] = pack2<F16>(__fsub_rn(x, hx), __fsub_rn(y, hy));
 }
 
-// bf16 pair of byte i of a and of b, each a signed 8-bit integer, exactly and without a conversion
-// instruction: 2^23 + 128 + v as a float has v + 128 (the byte with its sign bit flipped) in its low
-// mantissa bits, so subtracting 2^23 + 128 gives float(v), whose low 16 bits are zero (|v| <= 128):
-// its high half is bf16(v).
-__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t a, uint32_t b, int i) {
+// bf16 pair of value i of quads a and b (as quad<F> gives them), exactly and without a conversion
+// instruction: 2^23 + u as a float has the byte u in its low mantissa bits, and u is the value plus a
+// bias (Q8_0: 128, its sign bit flipped; Q4_0: 8, as stored), so subtracting 2^23 + bias gives the
+// value as a float whose low 16 bits are zero (|v| <= 128): its high half is the bf16.
+template <uint32_t F> __device__ __forceinline__ uint32_t quad_pair_bf16(uint32_t a, uint32_t b, int i) {
+  constexpr uint32_t flip = F == Q8_0 ? 0x80808080u : 0;
+  constexpr float offset = F == Q8_0 ? 8388736.0f : 8388616.0f;
   const uint32_t sel = 0x5440u | uint32_t(i); // [byte i, 0, 0, 0x4b]
-  const float fa = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
-  const float fb = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
+  const float fa = __uint_as_float(__byte_perm(a ^ flip, 0x4b00u, sel)) - offset;
+  const float fb = __uint_as_float(__byte_perm(b ^ flip, 0x4b00u, sel)) - offset;
   return __byte_perm(__float_as_uint(fa), __float_as_uint(fb), 0x7632);
 }
 
@@ -147,14 +150,15 @@ template <uint32_t F, int D> struct Row {
   }
 };
 
-// The four int8 values [4i, 4i + 4) of group `group` (Q8_0) or, for Q4_0, values 4(i % 4) .. + 3 of
-// the group's low (i < 4) or high (i >= 4) half, as signed bytes of one word.
+// The four values [4i, 4i + 4) of group `group` as bytes of one word: Q8_0's signed bytes; for Q4_0
+// values 4(i % 4) .. + 3 of the group's low (i < 4) or high (i >= 4) half as stored, each its value
+// plus 8 (0..15): the dot product with q subtracts 8 times q's sum instead (q_bias).
 template <uint32_t F> __device__ __forceinline__ uint32_t quad(const uint8_t *row, int group, int i) {
   if constexpr (F == Q8_0) {
     return *reinterpret_cast<const uint32_t *>(row + group * 32 + 4 * i);
   } else {
     const uint32_t w = *reinterpret_cast<const uint32_t *>(row + group * 16 + 4 * (i % 4));
-    return __vsub4((i < 4 ? w : w >> 4) & 0x0f0f0f0fu, 0x08080808u);
+    return (i < 4 ? w : w >> 4) & 0x0f0f0f0fu;
   }
 }
 
@@ -282,13 +286,15 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide {
           a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
         }
         const float qs[2] = {q_scale[g * ROWS + gid], q_scale[g * ROWS + gid + 8]};
+        const int *bias = reinterpret_cast<const int *>(q_scale + GROUPS * ROWS) + g * ROWS;
+        const int c[2][4] = {{0, 0, 0, 0}, {bias[gid], bias[gid], bias[gid + 8], bias[gid + 8]}};
 #pragma unroll
         for (int j = 0; j < 2; j++) {
           const uint8_t *kr = k_rows + (8 * j + gid) * K::stride;
           const uint32_t b0 = quad<KF>(kr, g, tig), b1 = quad<KF>(kr, g, tig + 4);
           int acc[2][4];
-          mma_s8(acc[0], a[0], b0, b1);
-          mma_s8(acc[1], a[1], b0, b1);
+          mma_s8(acc[0], a[0], b0, b1, c[0]);
+          mma_s8(acc[1], a[1], b0, b1, c[1]);
           const float ks[2] = {K::scale(k_rows + (8 * j + 2 * tig) * K::stride, g),
                                K::scale(k_rows + (8 * j + 2 * tig + 1) * K::stride, g)};
 #pragma unroll
@@ -350,7 +356,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide {
         split_pair<false>(s[6] * vs[2], s[7] * vs[3], &a[0][3], 4);
 #pragma unroll
         for (int t = 0; t < 4; t++) {
-          const uint32_t b0 = int8_pair_bf16(w[0], w[1], t), b1 = int8_pair_bf16(w[2], w[3], t);
+          const uint32_t b0 = quad_pair_bf16<VF>(w[0], w[1], t), b1 = quad_pair_bf16<VF>(w[2], w[3], t);
 #pragma unroll
           for (int sp = 0; sp < SPLIT; sp++) mma16<false>(o[4 * g + t], a[sp], b0, b1);
         }
@@ -426,11 +432,13 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow {
       for (int g = 0; g < GROUPS; g++) {
         const uint32_t a[4] = {quad<KF>(k0, g, tig), quad<KF>(k1, g, tig), quad<KF>(k0, g, tig + 4),
                                quad<KF>(k1, g, tig + 4)};
+        const int2 bias = reinterpret_cast<const int2 *>(q_scale + GROUPS * ROWS)[(g * ROWS) / 2 + tig];
+        const int c[2][4] = {{0, 0, 0, 0}, {bias.x, bias.y, bias.x, bias.y}};
         int acc[2][4];
 #pragma unroll
         for (int part = 0; part < 2; part++) {
           const uint2 b = reinterpret_cast<const uint2 *>(q_frag)[(part * GROUPS + g) * 32 + lane];
-          mma_s8(acc[part], a, b.x, b.y);
+          mma_s8(acc[part], a, b.x, b.y, c[part]);
         }
         const float2 qs = reinterpret_cast<const float2 *>(q_scale)[(g * ROWS) / 2 + tig];
         const float ks[2] = {K::scale(k0, g), K::scale(k1, g)};
@@ -489,8 +497,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow {
         for (int i = 0; i < 4; i++) w[i] = quad<VF>(v_tok[i], g, gid);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-          const uint32_t a[4] = {int8_pair_bf16(w[0], w[1], 2 * u), int8_pair_bf16(w[0], w[1], 2 * u + 1),
-                                 int8_pair_bf16(w[2], w[3], 2 * u), int8_pair_bf16(w[2], w[3], 2 * u + 1)};
+          const uint32_t a[4] = {quad_pair_bf16<VF>(w[0], w[1], 2 * u), quad_pair_bf16<VF>(w[0], w[1], 2 * u + 1),
+                                 quad_pair_bf16<VF>(w[2], w[3], 2 * u), quad_pair_bf16<VF>(w[2], w[3], 2 * u + 1)};
 #pragma unroll
           for (int sp = 0; sp < SPLIT; sp++) mma16<false>(o[2 * g + u], a, b[sp][0], b[sp][1]);
         }
@@ -538,10 +546,10 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
   static constexpr uint32_t stage_bytes = TILE * (K::stride + V::stride);
-  // q fragments: float K [split][kstep][lane][QW words]; quantized K [part][group][lane][QW words]
-  // and scales [group][row].
+  // q fragments: float K [split][kstep][lane][QW words]; quantized K [part][group][lane][QW words],
+  // then scales (float) and biases (int, added to the second part's dot product) [group][row].
   static constexpr uint32_t q_words = (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
-  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? GROUPS * ROWS * 4 : 0);
+  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? 2 * GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
   static constexpr uint32_t combine_bytes = 2 * (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4; // 2 row tiles
@@ -678,6 +686,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f; // q1 steps of amax / 127
         q_scale_of(i_tile)[g * ROWS + r] = amax / (127.0f * 128.0f);
+        int sum = 0; // of 128 q1 + q2 over the group
 #pragma unroll
         for (int k = 0; k < 8; k++) { // four values a word
           uint32_t w[2] = {0, 0};
@@ -685,12 +694,14 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
           for (int b = 0; b < 4; b++) {
             const float x = v[4 * k + b] * inv;
             const int q1 = __float2int_rn(x), q2 = __float2int_rn((x - float(q1)) * 128.0f);
+            sum += 128 * q1 + q2;
             w[0] |= uint32_t(uint8_t(int8_t(q1))) << (8 * b);
             w[1] |= uint32_t(uint8_t(int8_t(q2))) << (8 * b);
           }
 #pragma unroll
           for (int part = 0; part < 2; part++) frag[(part * M::GROUPS + g) * 32 * T::QW + T::q_slot(r, k)] = w[part];
         }
+        reinterpret_cast<int *>(q_scale_of(i_tile) + M::GROUPS * ROWS)[g * ROWS + r] = KF == Q4_0 ? -8 * sum : 0;
       }
     } else {
       for (int e = tid; e < MT * M::KSTEPS * ROWS; e += threads) {
@@ -772,25 +783,30 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         __threadfence();
         const float *part_out = reinterpret_cast<const float *>(p.part_out);
         const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
-        for (uint32_t e = tid; e < my_rows * D; e += threads) {
-          const uint32_t r = e / D, d = e % D;
+        // A thread takes four consecutive values of a row (16-byte loads); the chunk loops are unrolled
+        // so that several chunks' loads are in flight at once (they are latency-bound).
+        for (uint32_t e = tid; e < my_rows * D / 4; e += threads) {
+          const uint32_t r = e / (D / 4), d = e % (D / 4) * 4;
           const uint64_t head = q_head(r), in_seq = head - uint64_t(c.seq) * p.q_tokens * p.q_heads;
-          // Chunk k's partial row at lse[k * stride], out[k * stride * D + d]. The loops are unrolled so
-          // that several chunks' loads are in flight at once (they are latency-bound).
+          // Chunk k's partial row at lse[k * stride], out[k * stride * D + d].
           const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads, at = first_part * stride + in_seq;
-          const float *lse = part_lse + at, *out = part_out + at * D + d;
+          const float *lse = part_lse + at;
+          const float4 *out = reinterpret_cast<const float4 *>(part_out + at * D + d);
           float top = -INFINITY;
 #pragma unroll 8
           for (uint32_t k = 0; k < chunks_of_seq; k++) top = fmaxf(top, __ldcg(lse + k * stride));
-          float sum = 0.0f, acc = 0.0f;
+          float sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 8
           for (uint32_t k = 0; k < chunks_of_seq; k++) { // top == -inf: every lse is, every weight 0
             const float l = __ldcg(lse + k * stride);
             const float weight = l == -INFINITY ? 0.0f : expf(l - top);
+            const float4 v = __ldcg(out + k * stride * (D / 4));
             sum += weight;
-            acc += weight * __ldcg(out + k * stride * D);
+            acc[0] += weight * v.x, acc[1] += weight * v.y, acc[2] += weight * v.z, acc[3] += weight * v.w;
           }
-          store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, sum > 0.0f ? acc / sum : 0.0f);
+#pragma unroll
+          for (int i = 0; i < 4; i++)
+            store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d + i, sum > 0.0f ? acc[i] / sum : 0.0f);
           if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = sum > 0.0f ? top + logf(sum) : -INFINITY;
         }
       }

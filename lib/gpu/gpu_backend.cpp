@@ -562,7 +562,7 @@ class GpuBackend final : public Backend {
       return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
     };
     const unsigned stage = warps * PKV_MMA_TOKENS * (stride(g.k) + stride(g.v));
-    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + D / 32 * rows * 4
+    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + 2 * (D / 32) * rows * 4
                                                 : 2 * (D / 16) * 32 * lane_bytes;
     const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
     return std::max(stages * stage + mtiles * q, combine);
