@@ -120,16 +120,23 @@ template <bool F16> __device__ __forceinline__ void split_pair(float x, float y,
 }
 
 // bf16 pair of value i of quads a and b (as quad<F> gives them), exactly and without a conversion
-// instruction: 2^23 + u as a float has the byte u in its low mantissa bits, and u is the value plus a
-// bias (Q8_0: 128, its sign bit flipped; Q4_0: 8, as stored), so subtracting 2^23 + bias gives the
-// value as a float whose low 16 bits are zero (|v| <= 128): its high half is the bf16.
+// instruction. Q8_0: 2^23 + u as a float has the byte u in its low mantissa bits, u the value plus
+// 128 (its sign bit flipped), so subtracting 2^23 + 128 gives the value as a float whose low 16 bits
+// are zero (|v| <= 128): its high half is the bf16. Q4_0 (stored value + 8, 0..15): bf16 0x43nn is
+// 128 + nn, so one byte permutation and one mask give both tokens' 136 + value, and one bf16
+// subtraction the values.
 template <uint32_t F> __device__ __forceinline__ uint32_t quad_pair_bf16(uint32_t a, uint32_t b, int i) {
-  constexpr uint32_t flip = F == Q8_0 ? 0x80808080u : 0;
-  constexpr float offset = F == Q8_0 ? 8388736.0f : 8388616.0f;
-  const uint32_t sel = 0x5440u | uint32_t(i); // [byte i, 0, 0, 0x4b]
-  const float fa = __uint_as_float(__byte_perm(a ^ flip, 0x4b00u, sel)) - offset;
-  const float fb = __uint_as_float(__byte_perm(b ^ flip, 0x4b00u, sel)) - offset;
-  return __byte_perm(__float_as_uint(fa), __float_as_uint(fb), 0x7632);
+  if constexpr (F == Q8_0) {
+    const uint32_t sel = 0x5440u | uint32_t(i); // [byte i, 0, 0, 0x4b]
+    const float fa = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
+    const float fb = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
+    return __byte_perm(__float_as_uint(fa), __float_as_uint(fb), 0x7632);
+  } else {
+    const uint32_t sel = uint32_t(i) * 0x0011u + (uint32_t(i) + 4) * 0x1100u; // [a byte i, -, b byte i, -]
+    const uint32_t x = (__byte_perm(a, b, sel) & 0x00ff00ffu) | 0x43004300u;
+    const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162 *>(&x), __float2bfloat162_rn(136.0f));
+    return *reinterpret_cast<const uint32_t *>(&v);
+  }
 }
 
 template <uint32_t F, int D> struct Row {
