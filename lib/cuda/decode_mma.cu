@@ -258,10 +258,10 @@ template <int MASK> __device__ __forceinline__ float lanes_sum(float x) {
 }
 
 // A warp's share of one stage, in one of two shapes. Both hold: ROWS query rows a tile; the output
-// accumulators o, the running max m and sum l of the thread's two rows (row_of_thread(lane, i));
-// q_slot(r, k), where word k (of 8) of row r's 16 values (float K) or 32 values (quantized K) lies
-// among a lane's QW words of a k-step's q fragment; stage(), which adds 16 tokens; store(), which
-// writes the warp's partial result to the combine area.
+// accumulators o (acc_row, acc_col: where each lies), the running max m and sum l of the thread's
+// two rows (row_of_thread(lane, i), shared with the lanes differing in ROW_LANES); q_slot(r, k),
+// where word k (of 8) of row r's 16 values (float K) or 32 values (quantized K) lies among a lane's
+// QW words of a k-step's q fragment; stage(), which adds 16 tokens.
 
 // Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
 // groups, speculative tokens): a thread holds rows gid, gid + 8.
@@ -273,6 +273,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide {
   float o[NT][4], m[2], l[2];
 
   __device__ static int row_of_thread(int lane, int i) { return lane / 4 + 8 * i; }
+  static constexpr int ROW_LANES = 3; // the lane bits of the threads sharing a row
   // Word `reg` of lane (g, t) holds row g + 8 (reg & 1), values 2t, 2t + 1 (+ 8 when reg >= 2) of a
   // 16-wide k-step; for int8 k32 steps 4t .. 4t + 3 (+ 16).
   __device__ static int q_slot(int r, int k) { return ((r % 8) * 4 + k % 4) * QW + r / 8 + 2 * (k / 4); }
@@ -335,7 +336,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide {
 
     online_softmax(
         s, m, l, visible, token_end, [](int e) { return (e / 2) % 2; },
-        [&](int e) { return t_warp + 8 * (e / 4) + 2 * tig + e % 2; }, lanes_max<3>,
+        [&](int e) { return t_warp + 8 * (e / 4) + 2 * tig + e % 2; }, lanes_max<ROW_LANES>,
         [&](const float (&c)[2]) {
 #pragma unroll
           for (int nt = 0; nt < NT; nt++)
@@ -388,26 +389,11 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide {
     }
   }
 
-  // co: [warp][ROWS][co_stride] floats; cm, cl: [warp][ROWS].
-  __device__ void store(float *co, int co_stride, float *cm, float *cl, int warp, int lane) {
-    const int gid = lane / 4, tig = lane % 4;
-#pragma unroll
-    for (int i = 0; i < 2; i++) l[i] = lanes_sum<3>(l[i]);
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = gid + 8 * (e / 2), n = 2 * tig + (e & 1);
-        const int col = V::quantized ? (nt / 4) * 32 + quad_column<VF>(n, nt % 4) : nt * 8 + n;
-        co[(warp * ROWS + r) * co_stride + col] = o[nt][e];
-      }
-    if (tig == 0) {
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        cm[warp * ROWS + gid + 8 * i] = m[i];
-        cl[warp * ROWS + gid + 8 * i] = l[i];
-      }
-    }
+  // Where accumulator e of o[n] lies: its query row and output column.
+  __device__ static int acc_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
+  __device__ static int acc_col(int lane, int n, int e) {
+    const int c = 2 * (lane % 4) + (e & 1); // column within the n-tile
+    return V::quantized ? (n / 4) * 32 + quad_column<VF>(c, n % 4) : n * 8 + c;
   }
 };
 
@@ -424,6 +410,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow {
   float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2
 
   __device__ static int row_of_thread(int lane, int i) { return 2 * (lane % 4) + i; }
+  static constexpr int ROW_LANES = 28; // the lane bits of the threads sharing a row
   // A B-fragment: word `reg` of lane (g, t) holds row g, values 2t, 2t + 1 (+ 8 when reg = 1) of a
   // 16-wide k-step; for int8 k32 steps 4t .. 4t + 3 (+ 16).
   __device__ static int q_slot(int r, int k) { return (r * 4 + k % 4) * QW + k / 4; }
@@ -471,7 +458,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow {
 
     online_softmax(
         s, m, l, visible, token_end, [](int e) { return e % 2; }, [&](int e) { return t_warp + gid + 8 * (e / 2); },
-        lanes_max<28>,
+        lanes_max<ROW_LANES>,
         [&](const float (&c)[2]) {
 #pragma unroll
           for (int mt = 0; mt < MT; mt++)
@@ -524,24 +511,10 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow {
     }
   }
 
-  __device__ void store(float *co, int co_stride, float *cm, float *cl, int warp, int lane) {
-    const int gid = lane / 4, tig = lane % 4;
-#pragma unroll
-    for (int i = 0; i < 2; i++) l[i] = lanes_sum<28>(l[i]);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int col = V::quantized ? (mt / 2) * 32 + quad_column<VF>(gid, 2 * (mt % 2) + e / 2) : 16 * mt + gid + 8 * (e / 2);
-        co[(warp * ROWS + 2 * tig + e % 2) * co_stride + col] = o[mt][e];
-      }
-    if (gid == 0) {
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        cm[warp * ROWS + 2 * tig + i] = m[i];
-        cl[warp * ROWS + 2 * tig + i] = l[i];
-      }
-    }
+  __device__ static int acc_row(int lane, int e) { return 2 * (lane % 4) + e % 2; }
+  __device__ static int acc_col(int lane, int n, int e) {
+    const int gid = lane / 4;
+    return V::quantized ? (n / 2) * 32 + quad_column<VF>(gid, 2 * (n % 2) + e / 2) : 16 * n + gid + 8 * (e / 2);
   }
 };
 
@@ -742,7 +715,20 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     __syncthreads();
     float *co = reinterpret_cast<float *>(smem);            // [WARPS][ROWS][CO_STRIDE]
     float *cm = co + MT * WARPS * ROWS * M::CO_STRIDE, *cl = cm + MT * WARPS * ROWS; // [warp][ROWS]
-    acc.store(co, M::CO_STRIDE, cm, cl, warp, lane);
+#pragma unroll
+    for (int i = 0; i < 2; i++) acc.l[i] = lanes_sum<T::ROW_LANES>(acc.l[i]);
+    constexpr int NACC = sizeof(acc.o) / sizeof(acc.o[0]);
+#pragma unroll
+    for (int n = 0; n < NACC; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) co[(warp * ROWS + T::acc_row(lane, e)) * M::CO_STRIDE + T::acc_col(lane, n, e)] = acc.o[n][e];
+    if ((lane & T::ROW_LANES) == 0) { // one lane of those sharing each row
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        cm[warp * ROWS + T::row_of_thread(lane, i)] = acc.m[i];
+        cl[warp * ROWS + T::row_of_thread(lane, i)] = acc.l[i];
+      }
+    }
     __syncthreads();
 
     const bool split = c.part != kNoPart;
