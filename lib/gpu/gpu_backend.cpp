@@ -557,7 +557,7 @@ class GpuBackend final : public Backend {
   // once a chunk is done).
   static unsigned mma_shared_bytes(const PoolGeometry &g, MmaShape shape, unsigned stages) {
     const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
-    const unsigned lane_bytes = rows / 4 * 4;
+    const unsigned lane_bytes = rows; // rows / 4 words
     auto stride = [&](const PlaneLayout &l) {
       return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
     };
@@ -679,9 +679,9 @@ class GpuBackend final : public Backend {
   unsigned warp_ = 32; // lanes a warp (wavefront) has
   Module pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
   DecodeKind kind_ = DecodeKind::mma;
-  // [head_dim 64/128/256][K format][V format], looked up once
   bool narrow_ = true; // the tensor-core kernel's narrow tile serves where it can
-  // By [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first by [narrow].
+  // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
+  // by [narrow].
   Function fast_functions_[3][4][4] = {}, mma_functions_[2][3][4][4] = {};
   uint8_t mma_stages_[2][3][4][4] = {}; // 0 until looked up, and where no block fits
   uint32_t mma_blocks_per_sm_[3][3][4][4] = {}; // first by shape: narrow, 1 or 2 wide row tiles
