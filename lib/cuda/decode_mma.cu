@@ -263,13 +263,21 @@ template <int MASK> __device__ __forceinline__ float lanes_sum(float x) {
 // where word k (of 8) of row r's 16 values (float K) or 32 values (quantized K) lies among a lane's
 // QW words of a k-step's q fragment; stage(), which adds 16 tokens.
 
-// Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
-// groups, speculative tokens): a thread holds rows gid, gid + 8.
-template <int D, uint32_t KF, uint32_t VF> struct Wide {
+// What both tile shapes share: the page rows' layouts and the steps over q.
+template <int D, uint32_t KF, uint32_t VF> struct TileBase {
   using K = Row<KF, D>;
   using V = Row<VF, D>;
-  static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8, SPLIT = 2;
+  // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
+  static constexpr int SPLIT = 2;
   enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
+};
+
+// Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
+// groups, speculative tokens): a thread holds rows gid, gid + 8.
+template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
+  using B = TileBase<D, KF, VF>;
+  using typename B::K, typename B::V, B::SPLIT, B::KSTEPS, B::GROUPS;
+  static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8;
   float o[NT][4], m[2], l[2];
 
   __device__ static int row_of_thread(int lane, int i) { return lane / 4 + 8 * i; }
@@ -402,11 +410,10 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide {
 // padding when the group is 8, and half the MMAs, scale products and softmax work of Wide. A
 // thread holds tokens gid, gid + 8 of rows 2 tig, 2 tig + 1; P goes back to the MMA as the B
 // operand through a register transpose (movmatrix) of each 8x8 half.
-template <int D, uint32_t KF, uint32_t VF> struct Narrow {
-  using K = Row<KF, D>;
-  using V = Row<VF, D>;
-  static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16, SPLIT = 2;
-  enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
+template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
+  using B = TileBase<D, KF, VF>;
+  using typename B::K, typename B::V, B::SPLIT, B::KSTEPS, B::GROUPS;
+  static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16;
   float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2
 
   __device__ static int row_of_thread(int lane, int i) { return 2 * (lane % 4) + i; }
@@ -519,12 +526,10 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow {
 };
 
 template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
-  using K = Row<KF, D>;
-  using V = Row<VF, D>;
+  using K = typename T::K;
+  using V = typename T::V;
   static constexpr int NS = STAGES; // as pkv_mma_stages or pkv_mma_fewer_stages
-  static constexpr int ROWS = T::ROWS, KSTEPS = D / 16, GROUPS = D / 32;
-  // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
-  static constexpr int SPLIT = 2;
+  static constexpr int ROWS = T::ROWS, KSTEPS = T::KSTEPS, GROUPS = T::GROUPS, SPLIT = T::SPLIT;
   static constexpr uint32_t stage_bytes = TILE * (K::stride + V::stride);
   // q fragments: float K [split][kstep][lane][QW words]; quantized K [part][group][lane][QW words],
   // then scales (float) and biases (int, added to the second part's dot product) [group][row].
