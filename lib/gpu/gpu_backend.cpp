@@ -102,8 +102,8 @@ class Upload {
 class GpuBackend final : public Backend {
  public:
   GpuBackend(std::unique_ptr<Device> device, void *stream) : dev_(std::move(device)) {
-    kind_ = decode_kind_from_environment();
     const char *kernel = std::getenv("PKV_DECODE_KERNEL");
+    kind_ = decode_kind_from_environment(kernel);
     narrow_ = !(kernel && std::strcmp(kernel, "mma16") == 0);
     try {
       Current current(*this);
@@ -421,8 +421,7 @@ class GpuBackend final : public Backend {
 
   // PKV_DECODE_KERNEL=mma|fast|generic picks a family for A/B runs; by default the newest the runtime
   // has (the tensor-core kernels are CUDA-only). mma16: the tensor-core kernel with wide tiles only.
-  DecodeKind decode_kind_from_environment() const {
-    const char *kernel = std::getenv("PKV_DECODE_KERNEL");
+  DecodeKind decode_kind_from_environment(const char *kernel) const {
     const bool mma = dev_->images().mma != nullptr;
     if (kernel && std::strcmp(kernel, "fast") == 0) return DecodeKind::fast;
     if (kernel && std::strcmp(kernel, "generic") == 0) return DecodeKind::generic;
