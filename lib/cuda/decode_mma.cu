@@ -50,14 +50,14 @@ constexpr bool kBulkCopies = true;
 #else
 constexpr bool kBulkCopies = false;
 #endif
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+[[maybe_unused]] __device__ __forceinline__ unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+[[maybe_unused]] __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar, unsigned tx_bytes) {
+[[maybe_unused]] __device__ __forceinline__ void mbar_arrive(uint64_t *bar, unsigned tx_bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx_bytes) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+[[maybe_unused]] __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
   unsigned done = 0;
   while (!done)
     asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
@@ -66,8 +66,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
                  : "memory");
 }
 // Orders this thread's shared-memory writes before later bulk copies into the same bytes.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_copy(void *smem, const void *global, unsigned bytes, uint64_t *bar) {
+[[maybe_unused]] __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+[[maybe_unused]] __device__ __forceinline__ void bulk_copy(void *smem, const void *global, unsigned bytes, uint64_t *bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                    smem_addr(smem)),
                "l"(global), "r"(bytes), "r"(smem_addr(bar))
@@ -352,19 +352,23 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
           a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
         }
         const float qs[2] = {q_scale[g * ROWS + gid], q_scale[g * ROWS + gid + 8]};
+        // Q4_0's bias is added to the dot products (through an MMA's accumulator input it would
+        // stay live across both n-tiles and spill); Q8_0 has none.
         const int *bias = reinterpret_cast<const int *>(q_scale + GROUPS * ROWS) + g * ROWS;
-        const int c[2][4] = {{0, 0, 0, 0}, {bias[gid], bias[gid], bias[gid + 8], bias[gid + 8]}};
+        const int c[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int j = 0; j < 2; j++) {
           const uint8_t *kr = k_rows + (8 * j + gid) * K::stride;
           const uint32_t b0 = quad<KF>(kr, g, tig), b1 = quad<KF>(kr, g, tig + 4);
           int acc[2][4];
-          mma_s8(acc[0], a[0], b0, b1, c[0]);
-          mma_s8(acc[1], a[1], b0, b1, c[1]);
+          mma_s8(acc[0], a[0], b0, b1, c);
+          mma_s8(acc[1], a[1], b0, b1, c);
+          const int bq[2] = {KF == Q4_0 ? bias[gid] : 0, KF == Q4_0 ? bias[gid + 8] : 0};
           const float ks[2] = {K::scale(k_rows + (8 * j + 2 * tig) * K::stride, g),
                                K::scale(k_rows + (8 * j + 2 * tig + 1) * K::stride, g)};
 #pragma unroll
-          for (int e = 0; e < 4; e++) s[4 * j + e] += float(acc[0][e] * 128 + acc[1][e]) * (qs[e / 2] * ks[e & 1]);
+          for (int e = 0; e < 4; e++)
+            s[4 * j + e] += float(acc[0][e] * 128 + acc[1][e] + bq[e / 2]) * (qs[e / 2] * ks[e & 1]);
         }
       }
     } else {
@@ -483,7 +487,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
       for (int g = 0; g < GROUPS; g++) {
         const uint32_t a[4] = {quad<KF>(k0, g, tig), quad<KF>(k1, g, tig), quad<KF>(k0, g, tig + 4),
                                quad<KF>(k1, g, tig + 4)};
-        const int2 bias = reinterpret_cast<const int2 *>(q_scale + GROUPS * ROWS)[(g * ROWS) / 2 + tig];
+        const int2 bias = KF == Q4_0 ? reinterpret_cast<const int2 *>(q_scale + GROUPS * ROWS)[(g * ROWS) / 2 + tig]
+                                     : make_int2(0, 0); // as Wide
         const int c[2][4] = {{0, 0, 0, 0}, {bias.x, bias.y, bias.x, bias.y}};
         int acc[2][4];
 #pragma unroll
