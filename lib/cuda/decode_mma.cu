@@ -260,6 +260,14 @@ template <class R> __device__ __forceinline__ void bulk_row(uint8_t *dst, const 
   }
 }
 
+// 2^x with results below 2^-126 flushed to zero (one MUFU instruction; exp2f adds three more a call to
+// keep subnormal results, which no weight here needs).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Online softmax over a warp's 16 tokens of a stage, NE scores a thread: score e belongs to the
 // thread's row row_of(e) (0 or 1) and to token token_of(e). Hides what a row may not see, moves each
 // row's running max (`reduce` takes the max over the lanes that share the row), rescales the output
@@ -281,14 +289,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[2], fl
   for (int i = 0; i < 2; i++) {
     const float m_new = fmaxf(m[i], reduce(tile_max[i]));
     base[i] = m_new == -INFINITY ? 0.0f : m_new; // nothing seen yet: every weight is 0
-    correction[i] = exp2f(m[i] - base[i]);
+    // 1 for a row that has seen nothing (a padding row of the tile, too): no rescale for it.
+    correction[i] = m_new == -INFINITY ? 1.0f : exp2_ftz(m[i] - base[i]);
     m[i] = m_new;
     l[i] *= correction[i];
   }
   if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(correction); // a max moved
 #pragma unroll
   for (int e = 0; e < NE; e++) {
-    s[e] = exp2f(s[e] - base[row_of(e)]);
+    s[e] = exp2_ftz(s[e] - base[row_of(e)]);
     l[row_of(e)] += s[e];
   }
 }
