@@ -171,7 +171,7 @@ template <uint32_t F> __device__ __forceinline__ uint32_t quad_pair_bf16(uint32_
   }
 }
 
-template <uint32_t F, int D> struct Row {
+template <uint32_t F, int D, bool NARROW> struct Row {
   static constexpr bool quantized = F == Q8_0 || F == Q4_0;
   static constexpr uint32_t data = F == Q8_0 ? D : F == Q4_0 ? D / 2 : 2 * D;
   static constexpr uint32_t scales = quantized ? D / 32 * 2 : 0;
@@ -180,7 +180,9 @@ template <uint32_t F, int D> struct Row {
   // by row (unit u of row r at u ^ (r % 8)); quantized rows are padded to an odd number of units.
   // Either way the eight rows one matrix load or one quad of lanes reads fall in different banks.
   static constexpr uint32_t units = (data + scales + 15) / 16;
-  static constexpr bool bulk = !quantized && data >= 256; // copied a row at a time on sm_90
+  // Copied a row at a time on sm_90, in the narrow tile only: the padding costs the wide tile of 16
+  // rows its second block a multiprocessor (speculative verify of 4 tokens 1.7x slower).
+  static constexpr bool bulk = NARROW && !quantized && data >= 256;
   static constexpr uint32_t stride = // as pkv_mma_row_stride
       quantized ? (units % 2 ? units : units + 1) * 16 : bulk ? data + 16 : data;
   // Where byte b of row r (of a warp's rows, a multiple of 8 from the stage's first) lies.
@@ -323,9 +325,9 @@ template <int MASK> __device__ __forceinline__ float lanes_sum(float x) {
 // QW words of a k-step's q fragment; stage(), which adds 16 tokens.
 
 // What both tile shapes share: the page rows' layouts and the steps over q.
-template <int D, uint32_t KF, uint32_t VF> struct TileBase {
-  using K = Row<KF, D>;
-  using V = Row<VF, D>;
+template <int D, uint32_t KF, uint32_t VF, bool NARROW> struct TileBase {
+  using K = Row<KF, D, NARROW>;
+  using V = Row<VF, D, NARROW>;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
   enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
@@ -333,8 +335,8 @@ template <int D, uint32_t KF, uint32_t VF> struct TileBase {
 
 // Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
 // groups, speculative tokens): a thread holds rows gid, gid + 8.
-template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
-  using B = TileBase<D, KF, VF>;
+template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, false> {
+  using B = TileBase<D, KF, VF, false>;
   using typename B::K, typename B::V, B::SPLIT, B::KSTEPS, B::GROUPS;
   static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8;
   float o[NT][4], m[2], l[2];
@@ -473,8 +475,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
 // padding when the group is 8, and half the MMAs, scale products and softmax work of Wide. A
 // thread holds tokens gid, gid + 8 of rows 2 tig, 2 tig + 1; P goes back to the MMA as the B
 // operand through a register transpose (movmatrix) of each 8x8 half.
-template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
-  using B = TileBase<D, KF, VF>;
+template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF, true> {
+  using B = TileBase<D, KF, VF, true>;
   using typename B::K, typename B::V, B::SPLIT, B::KSTEPS, B::GROUPS;
   static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16;
   float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2

@@ -118,13 +118,13 @@ typedef struct PkvReadParams {
 #define PKV_MMA_NARROW_ROWS 8
 
 /* Bytes a K or V row takes in the tensor-core kernel's shared memory: float rows of 256 bytes or
- * more one 16-byte unit longer (a bulk copy writes a row as the page holds it), 128-byte rows as they
- * are (their 16-byte units permuted per row), quantized rows (data then scales) padded to an odd
+ * more one 16-byte unit longer in the narrow tile (a bulk copy writes a row as the page holds it),
+ * other float rows as they are (their 16-byte units permuted per row), quantized rows (data then scales) padded to an odd
  * number of 16-byte units; either way the eight rows one matrix load touches fall in different banks. */
-static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes, int quantized) {
+static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes, int quantized, int narrow) {
   const uint32_t units = (data_and_scale_bytes + 15) / 16;
   if (quantized) return (units % 2 ? units : units + 1) * 16;
-  return data_and_scale_bytes >= 256 ? data_and_scale_bytes + 16 : data_and_scale_bytes;
+  return narrow && data_and_scale_bytes >= 256 ? data_and_scale_bytes + 16 : data_and_scale_bytes;
 }
 
 /* Shared-memory stages per block of the tensor-core kernel: two for head_dim 256 (a stage is large),
