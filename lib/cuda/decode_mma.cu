@@ -2,8 +2,8 @@
 // pair. A work item is (chunk, KV head, tile of query rows: the GQA group's heads times the query
 // tokens); blocks take items in turn, so any grid covers any plan (a captured launch replays
 // correctly after the plan changes).
-//  - K/V rows stream through shared-memory stages of 64 tokens: float rows of 256 bytes or more with
-//    one bulk copy each on sm_90, the others with 16-byte cp.async.
+//  - K/V rows stream through shared-memory stages of 64 tokens: in the narrow tile on sm_90 float
+//    rows of 256 bytes or more with one bulk copy each, the others with 16-byte cp.async.
 //    A block serves one narrow tile of 8 query rows (speculative tokens times the GQA group) or 1 or
 //    2 wide tiles of 16, with 4 warps each, a warp taking 16 tokens of every stage (Narrow and Wide
 //    below). Rows past the chunk are zero-filled, so every MMA input is finite.
@@ -175,9 +175,9 @@ template <uint32_t F, int D, bool NARROW> struct Row {
   static constexpr bool quantized = F == Q8_0 || F == Q4_0;
   static constexpr uint32_t data = F == Q8_0 ? D : F == Q4_0 ? D / 2 : 2 * D;
   static constexpr uint32_t scales = quantized ? D / 32 * 2 : 0;
-  // Float rows of 256 bytes or more are padded by one 16-byte unit, so a bulk copy can write a row
-  // as it is in the page; 128-byte rows (head_dim 64) are stored unpadded with their units permuted
-  // by row (unit u of row r at u ^ (r % 8)); quantized rows are padded to an odd number of units.
+  // The narrow tile's float rows of 256 bytes or more are padded by one 16-byte unit, so a bulk copy
+  // can write a row as it is in the page; other float rows are stored unpadded with their units
+  // permuted by row (unit u of row r at u ^ (r % 8)); quantized rows are padded to an odd number of units.
   // Either way the eight rows one matrix load or one quad of lanes reads fall in different banks.
   static constexpr uint32_t units = (data + scales + 15) / 16;
   // Copied a row at a time on sm_90, in the narrow tile only: the padding costs the wide tile of 16
