@@ -50,29 +50,34 @@ constexpr bool kBulkCopies = true;
 #else
 constexpr bool kBulkCopies = false;
 #endif
-[[maybe_unused]] __device__ __forceinline__ unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-[[maybe_unused]] __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+// [[maybe_unused]]: GPUs before sm_90 compile none of their callers.
+#define PKV_BULK_HELPER [[maybe_unused]] __device__ __forceinline__
+PKV_BULK_HELPER unsigned smem_addr(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+PKV_BULK_HELPER void mbar_init(uint64_t *bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
 }
-[[maybe_unused]] __device__ __forceinline__ void mbar_arrive(uint64_t *bar, unsigned tx_bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx_bytes) : "memory");
+PKV_BULK_HELPER void mbar_arrive(uint64_t *bar, unsigned tx_bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(tx_bytes)
+               : "memory");
 }
-[[maybe_unused]] __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+PKV_BULK_HELPER void mbar_wait(uint64_t *bar, unsigned parity) {
   unsigned done = 0;
   while (!done)
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
                  : "r"(smem_addr(bar)), "r"(parity)
                  : "memory");
 }
 // Orders this thread's shared-memory writes before later bulk copies into the same bytes.
-[[maybe_unused]] __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-[[maybe_unused]] __device__ __forceinline__ void bulk_copy(void *smem, const void *global, unsigned bytes, uint64_t *bar) {
+PKV_BULK_HELPER void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+PKV_BULK_HELPER void bulk_copy(void *smem, const void *global, unsigned bytes, uint64_t *bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                    smem_addr(smem)),
                "l"(global), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
+#undef PKV_BULK_HELPER
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -248,8 +253,8 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
 }
 
 // Queues row i of a stage with one bulk copy completing on `bar` (zeros when there is nothing to read).
-template <class R> __device__ __forceinline__ void bulk_row(uint8_t *dst, const StageRow *rows, uint64_t part_offset, int i,
-                                                            uint64_t *bar) {
+template <class R>
+__device__ __forceinline__ void bulk_row(uint8_t *dst, const StageRow *rows, uint64_t part_offset, int i, uint64_t *bar) {
   const StageRow s = rows[i];
   uint8_t *d = dst + i * R::stride;
   if (s.valid) {
