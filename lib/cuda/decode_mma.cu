@@ -44,7 +44,7 @@ template <int BYTES> __device__ __forceinline__ void cp_async_small_zfill(void *
 }
 // Bulk copies (sm_90): one instruction moves a whole row into shared memory and completes on an
 // mbarrier, which counts the bytes it expects. They need fewer L2 requests than 16-byte cp.async
-// pieces: float pages 5-8% faster on the H200 (docs/perf/2026-12-01-h200-cuda-bulk.md).
+// pieces: float head_dim 128 5-8% faster on the H200, 256 0-5% (docs/perf/2026-12-01-h200-cuda-bulk.md).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr bool kBulkCopies = true;
 #else
@@ -186,7 +186,8 @@ template <uint32_t F, int D, bool NARROW> struct Row {
   // Either way the eight rows one matrix load or one quad of lanes reads fall in different banks.
   static constexpr uint32_t units = (data + scales + 15) / 16;
   // Copied a row at a time on sm_90, in the narrow tile only: the padding costs the wide tile of 16
-  // rows its second block a multiprocessor (speculative verify of 4 tokens 1.7x slower).
+  // rows its second block a multiprocessor (speculative verify of 4 tokens 1.7x slower on the H200,
+  // docs/perf/2026-12-01-h200-cuda-bulk.md).
   static constexpr bool bulk = NARROW && !quantized && data >= 256;
   static constexpr uint32_t stride = // as pkv_mma_row_stride
       quantized ? (units % 2 ? units : units + 1) * 16 : bulk ? data + 16 : data;
