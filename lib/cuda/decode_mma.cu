@@ -2,8 +2,9 @@
 // pair. A work item is (chunk, KV head, tile of query rows: the GQA group's heads times the query
 // tokens); blocks take items in turn, so any grid covers any plan (a captured launch replays
 // correctly after the plan changes).
-//  - K/V rows stream through shared-memory stages of 64 tokens: in the narrow tile on sm_90 float
-//    rows of 256 bytes or more with one bulk copy each, the others with 16-byte cp.async.
+//  - K/V rows stream through shared-memory stages of 64 tokens: on sm_90 float rows by bulk copies
+//    of 8 rows (an eighth of the stage that lies in one page piece) or of one row, the others with
+//    16-byte cp.async.
 //    A block serves one narrow tile of 8 query rows (speculative tokens times the GQA group) or 1 or
 //    2 wide tiles of 16, with 4 warps each, a warp taking 16 tokens of every stage (Narrow and Wide
 //    below). Rows past the chunk are zero-filled, so every MMA input is finite.
@@ -176,24 +177,44 @@ template <uint32_t F> __device__ __forceinline__ uint32_t quad_pair_bf16(uint32_
   }
 }
 
-template <uint32_t F, int D, bool NARROW> struct Row {
-  static constexpr bool quantized = F == Q8_0 || F == Q4_0;
+constexpr bool quantized_format(uint32_t f) { return f == Q8_0 || f == Q4_0; }
+
+// Which of a stage's TILE tokens the warps' MMA rows take. SPREAD (K or V rows are float): the eight
+// rows one matrix load reads are eight tokens apart, in eight blocks of Row's layout: row m of warp
+// w is token 8 (m % 8) + 2 w + m / 8. Otherwise in order: token 16 w + m (the quantized kernels,
+// bound by their instructions, measured 1-3% slower with rows spread and padded on the H200).
+template <bool SPREAD> struct Tokens {
+  static constexpr bool spread = SPREAD;
+  __device__ static uint32_t warp_first(int w) { return SPREAD ? 2 * w : SUB * w; }
+  // of_row(a + b) = of_row(a) + of_row(b) while a % 8 + b % 8 < 8: the masks take a thread's part once.
+  __device__ static uint32_t of_row(int m) { return SPREAD ? 8 * (m % 8) + m / 8 : m; }
+};
+
+template <uint32_t F, int D, bool SPREAD> struct Row {
+  static constexpr bool quantized = quantized_format(F);
   static constexpr uint32_t data = F == Q8_0 ? D : F == Q4_0 ? D / 2 : 2 * D;
   static constexpr uint32_t scales = quantized ? D / 32 * 2 : 0;
-  // The narrow tile's float rows of 256 bytes or more are padded by one 16-byte unit, so a bulk copy
-  // can write a row as it is in the page; other float rows are stored unpadded with their units
-  // permuted by row (unit u of row r at u ^ (r % 8)); quantized rows are padded to an odd number of units.
-  // Either way the eight rows one matrix load or one quad of lanes reads fall in different banks.
+  // Float rows as the page holds them, by token, in blocks of 8 (an eighth of the stage, often 8
+  // rows of one page, copied whole) each followed by 16 bytes of padding: the eight rows a matrix
+  // load reads are in eight blocks, so in different banks. Quantized rows (data then scales, padded
+  // to an odd number of 16-byte units, so the 8 rows a quad of lanes reads fall in different banks)
+  // by MMA row: warp w's row m at slot 16 w + m.
   static constexpr uint32_t units = (data + scales + 15) / 16;
-  // Copied a row at a time on sm_90, in the narrow tile only: the padding costs the wide tile of 16
-  // rows its second block a multiprocessor (speculative verify of 4 tokens 1.7x slower on the H200,
-  // docs/perf/2026-12-01-h200-cuda-bulk.md).
-  static constexpr bool bulk = NARROW && !quantized && data >= 256;
-  static constexpr uint32_t stride = // as pkv_mma_row_stride
-      quantized ? (units % 2 ? units : units + 1) * 16 : bulk ? data + 16 : data;
-  // Where byte b of row r (of a warp's rows, a multiple of 8 from the stage's first) lies.
-  __device__ static uint32_t at(uint32_t r, uint32_t b) {
-    return r * stride + (quantized || bulk ? b : ((((b >> 4) ^ (r & 7)) << 4) | (b & 15)));
+  static constexpr uint32_t stride = quantized ? (units % 2 ? units : units + 1) * 16 : data;
+  static constexpr uint32_t block = quantized ? 8 * stride : 8 * stride + 16;
+  static constexpr uint32_t bytes = 8 * block; // as pkv_mma_part_bytes
+  // Where the stage's token t lies in its part (quantized: its slot is SPREAD's inverse).
+  __device__ static uint32_t of_token(uint32_t t) {
+    if constexpr (!quantized) return t / 8 * block + t % 8 * stride;
+    return (SPREAD ? SUB * (t % 8 / 2) + 8 * (t % 2) + t / 8 : t) * stride;
+  }
+  // Where warp w's rows begin in a stage part.
+  __device__ static const uint8_t *warp_rows(const uint8_t *part, int w) {
+    return part + (quantized ? 2 * block : 2 * stride) * w;
+  }
+  // MMA row r + 8 h (r < 8, h < 2): callers give the parts, which no division need recover.
+  __device__ static const uint8_t *row(const uint8_t *rows, int r, int h) {
+    return rows + (quantized ? h * block + r * stride : r * block + h * stride);
   }
   __device__ static float scale(const uint8_t *row, int group) {
     return half_to_float(reinterpret_cast<const uint16_t *>(row + data)[group]);
@@ -222,7 +243,8 @@ template <uint32_t F> __device__ __forceinline__ int quad_column(int n, int t) {
 // Looked up once per token and stage, a stage ahead, so queuing a stage's copies waits on no load.
 struct alignas(16) StageRow {
   const uint8_t *part;
-  uint32_t row, valid; // valid: 1 when the row is read, 0 when it stays zero
+  uint32_t row, read; // 0: nothing (the row stays zero); 1: the row; 3: its eighth of the stage too,
+                      // 8 rows of one page in order
 };
 
 // Queues a stage's TILE rows of K (or V: offset k_bytes into the block) into shared memory, 64
@@ -239,26 +261,31 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
   for (int i = 0; i < TPR; i++) s[i] = rows[i0 / TPR + STEP * i];
 #pragma unroll
   for (int i = 0; i < TPR; i++) {
-    const int r = i0 / TPR + STEP * i;
     const uint8_t *src = s[i].part + part_offset + uint64_t(s[i].row) * R::data + p0 * 16;
+    uint8_t *d = dst + R::of_token(i0 / TPR + STEP * i) + p0 * 16;
 #pragma unroll
-    for (int j = 0; j < P / TPR; j++)
-      cp_async_zfill(dst + R::at(r, (p0 + TPR * j) * 16), src + TPR * 16 * j, s[i].valid != 0);
+    for (int j = 0; j < P / TPR; j++) cp_async_zfill(d + TPR * 16 * j, src + TPR * 16 * j, s[i].read != 0);
   }
   if constexpr (R::scales != 0) {
     const StageRow s = rows[i0];
-    cp_async_small_zfill<R::scales>(dst + i0 * R::stride + R::data,
+    cp_async_small_zfill<R::scales>(dst + R::of_token(i0) + R::data,
                                     s.part + part_offset + scale_offset + uint64_t(s.row) * R::scales,
-                                    s.valid != 0);
+                                    s.read != 0);
   }
 }
 
-// Queues row i of a stage with one bulk copy completing on `bar` (zeros when there is nothing to read).
+// Queues float row i of a stage with bulk copies completing on `bar`: an eighth of the stage read
+// from one page is one copy, by its first row's thread; otherwise each row is (zeros when there is
+// nothing to read). Every copying thread arrives once.
 template <class R>
 __device__ __forceinline__ void bulk_row(uint8_t *dst, const StageRow *rows, uint64_t part_offset, int i, uint64_t *bar) {
   const StageRow s = rows[i];
-  uint8_t *d = dst + i * R::stride;
-  if (s.valid) {
+  uint8_t *d = dst + R::of_token(i);
+  if (s.read == 3) {
+    const bool mine = i % 8 == 0;
+    mbar_arrive(bar, mine ? 8 * R::data : 0);
+    if (mine) bulk_copy(d, s.part + part_offset + uint64_t(s.row) * R::data, 8 * R::data, bar);
+  } else if (s.read) {
     mbar_arrive(bar, R::data);
     bulk_copy(d, s.part + part_offset + uint64_t(s.row) * R::data, R::data, bar);
   } else {
@@ -328,12 +355,14 @@ template <int MASK> __device__ __forceinline__ float lanes_sum(float x) {
 // accumulators o (acc_row, acc_col: where each lies), the running max m and sum l of the thread's
 // two rows (row_of_thread(lane, i), shared with the lanes differing in ROW_LANES); q_slot(r, k),
 // where word k (of 8) of row r's 16 values (float K) or 32 values (quantized K) lies among a lane's
-// QW words of a k-step's q fragment; stage(), which adds 16 tokens.
+// QW words of a k-step's q fragment; stage(), which adds 16 tokens. Their comments number a warp's
+// tokens by MMA row; Tokens says which of the stage's tokens each is.
 
 // What both tile shapes share: the page rows' layouts and the steps over q.
-template <int D, uint32_t KF, uint32_t VF, bool NARROW> struct TileBase {
-  using K = Row<KF, D, NARROW>;
-  using V = Row<VF, D, NARROW>;
+template <int D, uint32_t KF, uint32_t VF> struct TileBase {
+  using Tok = Tokens<!quantized_format(KF) || !quantized_format(VF)>;
+  using K = Row<KF, D, Tok::spread>;
+  using V = Row<VF, D, Tok::spread>;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
   enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
@@ -341,9 +370,9 @@ template <int D, uint32_t KF, uint32_t VF, bool NARROW> struct TileBase {
 
 // Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
 // groups, speculative tokens): a thread holds rows gid, gid + 8.
-template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, false> {
-  using B = TileBase<D, KF, VF, false>;
-  using typename B::K, typename B::V, B::SPLIT, B::KSTEPS, B::GROUPS;
+template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
+  using B = TileBase<D, KF, VF>;
+  using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::KSTEPS, B::GROUPS;
   static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8;
   float o[NT][4], m[2], l[2];
 
@@ -356,6 +385,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, fal
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
                         uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
     const int gid = lane / 4, tig = lane % 4;
+    auto krow = [&](int r, int h) { return K::row(k_rows, r, h); };
+    auto vrow = [&](int r, int h) { return V::row(v_rows, r, h); };
     // S for this warp's 16 tokens: s[4j + e], n-tile j holding tokens 8j .. 8j + 7; thread: rows
     // gid, gid + 8 (e / 2), tokens 8j + 2 tig, + 1 (e % 2).
     float s[8] = {};
@@ -375,14 +406,13 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, fal
         const int c[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-          const uint8_t *kr = k_rows + (8 * j + gid) * K::stride;
+          const uint8_t *kr = krow(gid, j);
           const uint32_t b0 = quad<KF>(kr, g, tig), b1 = quad<KF>(kr, g, tig + 4);
           int acc[2][4];
           mma_s8(acc[0], a[0], b0, b1, c);
           mma_s8(acc[1], a[1], b0, b1, c);
           const int bq[2] = {KF == Q4_0 ? bias[gid] : 0, KF == Q4_0 ? bias[gid + 8] : 0};
-          const float ks[2] = {K::scale(k_rows + (8 * j + 2 * tig) * K::stride, g),
-                               K::scale(k_rows + (8 * j + 2 * tig + 1) * K::stride, g)};
+          const float ks[2] = {K::scale(krow(2 * tig, j), g), K::scale(krow(2 * tig + 1, j), g)};
 #pragma unroll
           for (int e = 0; e < 4; e++)
             s[4 * j + e] += float(acc[0][e] * 128 + acc[1][e] + bq[e / 2]) * (qs[e / 2] * ks[e & 1]);
@@ -395,7 +425,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, fal
       for (int kk = 0; kk < KSTEPS; kk += 2) {
         uint32_t b[2][4]; // [n-tile][k-step kk, kk + 1 halves]
 #pragma unroll
-        for (int j = 0; j < 2; j++) ldmatrix_x4(b[j], k_rows + K::at(8 * j + lane % 8, (kk * 16 + (lane / 8) * 8) * 2));
+        for (int j = 0; j < 2; j++) ldmatrix_x4(b[j], krow(lane % 8, j) + (kk * 16 + (lane / 8) * 8) * 2);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
 #pragma unroll
@@ -415,7 +445,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, fal
 
     online_softmax(
         s, m, l, visible, token_end, [](int e) { return (e / 2) % 2; },
-        [&](int e) { return t_warp + 8 * (e / 4) + 2 * tig + e % 2; }, lanes_max<ROW_LANES>,
+        [t0 = t_warp + Tok::of_row(2 * tig)](int e) { return t0 + Tok::of_row(8 * (e / 4) + e % 2); },
+        lanes_max<ROW_LANES>,
         [&](const float (&c)[2]) {
 #pragma unroll
           for (int nt = 0; nt < NT; nt++)
@@ -426,15 +457,14 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, fal
     // O += P V. P as an A-fragment: word 0 row gid tokens 2tig, +1; word 1 row gid + 8; words 2, 3
     // the same for tokens 8 + 2tig, + 1.
     if constexpr (V::quantized) {
-      const int k_tok[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
         float vs[4];
         uint32_t w[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-          vs[i] = V::scale(v_rows + k_tok[i] * V::stride, g);
-          w[i] = quad<VF>(v_rows + k_tok[i] * V::stride, g, gid);
+        for (int i = 0; i < 4; i++) { // tokens 2 tig + i % 2 (+ 8)
+          vs[i] = V::scale(vrow(2 * tig + i % 2, i / 2), g);
+          w[i] = quad<VF>(vrow(2 * tig + i % 2, i / 2), g, gid);
         }
         uint32_t a[SPLIT][4];
         split_pair<false>(s[0] * vs[0], s[1] * vs[1], &a[0][0], 4);
@@ -458,7 +488,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, fal
 #pragma unroll
       for (int nt = 0; nt < NT; nt += 2) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, v_rows + V::at(lane % 8 + 8 * ((lane / 8) % 2), (nt + lane / 16) * 16));
+        ldmatrix_x4_trans(b, vrow(lane % 8, (lane / 8) % 2) + (nt + lane / 16) * 16);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
           mma16<f16>(o[nt], a[sp], b[0], b[1]);
@@ -481,9 +511,9 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF, fal
 // padding when the group is 8, and half the MMAs, scale products and softmax work of Wide. A
 // thread holds tokens gid, gid + 8 of rows 2 tig, 2 tig + 1; P goes back to the MMA as the B
 // operand through a register transpose (movmatrix) of each 8x8 half.
-template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF, true> {
-  using B = TileBase<D, KF, VF, true>;
-  using typename B::K, typename B::V, B::SPLIT, B::KSTEPS, B::GROUPS;
+template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
+  using B = TileBase<D, KF, VF>;
+  using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::KSTEPS, B::GROUPS;
   static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16;
   float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2
 
@@ -496,10 +526,12 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF, t
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
                         uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
     const int gid = lane / 4, tig = lane % 4;
+    auto krow = [&](int r, int h) { return K::row(k_rows, r, h); };
+    auto vrow = [&](int r, int h) { return V::row(v_rows, r, h); };
     // S^T: s[e] token gid + 8 (e / 2), row 2 tig + e % 2.
     float s[4] = {};
     if constexpr (K::quantized) {
-      const uint8_t *k0 = k_rows + gid * K::stride, *k1 = k_rows + (gid + 8) * K::stride;
+      const uint8_t *k0 = krow(gid, 0), *k1 = krow(gid, 1);
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
         const uint32_t a[4] = {quad<KF>(k0, g, tig), quad<KF>(k1, g, tig), quad<KF>(k0, g, tig + 4),
@@ -524,7 +556,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF, t
 #pragma unroll
       for (int kk = 0; kk < KSTEPS; kk++) {
         uint32_t a[4]; // tokens 0-7 / 8-15 (lanes 8-15, 24-31) at values +0 / +8 (lanes 16-31)
-        ldmatrix_x4(a, k_rows + K::at(lane % 8 + 8 * ((lane / 8) % 2), (kk * 16 + 8 * (lane / 16)) * 2));
+        ldmatrix_x4(a, krow(lane % 8, (lane / 8) % 2) + (kk * 16 + 8 * (lane / 16)) * 2);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
           const uint2 b = reinterpret_cast<const uint2 *>(q_frag)[(sp * KSTEPS + kk) * 32 + lane];
@@ -536,8 +568,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF, t
     }
 
     online_softmax(
-        s, m, l, visible, token_end, [](int e) { return e % 2; }, [&](int e) { return t_warp + gid + 8 * (e / 2); },
-        lanes_max<ROW_LANES>,
+        s, m, l, visible, token_end, [](int e) { return e % 2; },
+        [t0 = t_warp + Tok::of_row(gid)](int e) { return t0 + Tok::of_row(8 * (e / 2)); }, lanes_max<ROW_LANES>,
         [&](const float (&c)[2]) {
 #pragma unroll
           for (int mt = 0; mt < MT; mt++)
@@ -559,12 +591,11 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF, t
     if constexpr (V::quantized) {
       // Each token's group scale multiplies P; the thread's A-fragment words are four consecutive
       // values (quad gid) of tokens 2 tig, + 1, + 8, + 9: m-tile 2g + u takes values 2u, 2u + 1.
-      const uint8_t *v_tok[4] = {v_rows + 2 * tig * V::stride, v_rows + (2 * tig + 1) * V::stride,
-                                 v_rows + (2 * tig + 8) * V::stride, v_rows + (2 * tig + 9) * V::stride};
+      const uint8_t *v_tok[4] = {vrow(2 * tig, 0), vrow(2 * tig + 1, 0), vrow(2 * tig, 1), vrow(2 * tig + 1, 1)};
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
         uint32_t b[SPLIT][2];
-        p_fragment(V::scale(v_rows + gid * V::stride, g), V::scale(v_rows + (gid + 8) * V::stride, g), b);
+        p_fragment(V::scale(vrow(gid, 0), g), V::scale(vrow(gid, 1), g), b);
         uint32_t w[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) w[i] = quad<VF>(v_tok[i], g, gid);
@@ -583,7 +614,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF, t
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         uint32_t a[4]; // values +0 / +8 (lanes 8-15, 24-31) of tokens 0-7 / 8-15 (lanes 16-31), transposed
-        ldmatrix_x4_trans(a, v_rows + V::at(lane % 8 + 8 * (lane / 16), (16 * mt + 8 * ((lane / 8) % 2)) * 2));
+        ldmatrix_x4_trans(a, vrow(lane % 8, lane / 16) + (16 * mt + 8 * ((lane / 8) % 2)) * 2);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) mma16<f16>(o[mt], a, b[sp][0], b[sp][1]);
       }
@@ -602,7 +633,7 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   using V = typename T::V;
   static constexpr int NS = STAGES; // as pkv_mma_stages or pkv_mma_fewer_stages
   static constexpr int ROWS = T::ROWS, KSTEPS = T::KSTEPS, GROUPS = T::GROUPS, SPLIT = T::SPLIT;
-  static constexpr uint32_t stage_bytes = TILE * (K::stride + V::stride);
+  static constexpr uint32_t stage_bytes = K::bytes + V::bytes;
   // q fragments: float K [split][kstep][lane][QW words]; quantized K [part][group][lane][QW words],
   // then scales (float) and biases (int, added to the second part's dot product) [group][row].
   static constexpr uint32_t q_words = (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
@@ -626,7 +657,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   __shared__ int s_last;
   __shared__ StageRow stage_rows[M::NS][TILE];
   // Bulk copies: a stage's mbarrier; each copying thread arrives once per use.
-  constexpr bool KB = kBulkCopies && K::bulk, VB = kBulkCopies && V::bulk;
+  constexpr bool KB = kBulkCopies && !K::quantized, VB = kBulkCopies && !V::quantized;
   __shared__ uint64_t stage_bar[M::NS];
   uint32_t bar_parity = 0; // bit s: the phase of stage s's next completion
   if constexpr (KB || VB) {
@@ -710,10 +741,12 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       return tile < tiles && t < c.token_end ? table[t >> pool.page_shift] : pool.pages;
     };
     auto locate = [&](int tile, uint32_t page) {
-      const uint32_t t = c.token_begin + tile * TILE + tid;
+      const uint32_t t = c.token_begin + tile * TILE + tid, first = t - tid % 8, in_page = pool.page_size - 1;
       const bool valid = page < pool.pages;
+      // The eighth's rows share this row's page (and so its validity) when they share its page index.
+      const bool eighth = (KB || VB) && valid && first + 7 < c.token_end && (first & in_page) + 7 <= in_page;
       return StageRow{layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0),
-                      (h << pool.page_shift) + (t & (pool.page_size - 1)), valid};
+                      (h << pool.page_shift) + (t & in_page), valid + 2u * eighth};
     };
     // Queues tile `tile` into its stage: warps 0-1 copy the K rows, warps 2-3 the V rows (the first
     // row tile's warps; every thread commits, so the group counts agree).
@@ -726,8 +759,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
           if constexpr (KB) bulk_row<K>(stage, rows, 0, tid, bar);
           else copy_rows<K>(stage, rows, 0, pool.k.scale_offset, tid);
         } else if (tid < 2 * TILE) {
-          if constexpr (VB) bulk_row<V>(stage + TILE * K::stride, rows, pool.k_bytes, tid - TILE, bar);
-          else copy_rows<V>(stage + TILE * K::stride, rows, pool.k_bytes, pool.v.scale_offset, tid - TILE);
+          if constexpr (VB) bulk_row<V>(stage + K::bytes, rows, pool.k_bytes, tid - TILE, bar);
+          else copy_rows<V>(stage + K::bytes, rows, pool.k_bytes, pool.v.scale_offset, tid - TILE);
         }
       }
       cp_async_commit();
@@ -799,10 +832,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       }
       __syncthreads();
       const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
-      // This warp's 16 tokens of the stage.
-      const uint8_t *k_rows = stage + slice * SUB * K::stride;
-      const uint8_t *v_rows = stage + TILE * K::stride + slice * SUB * V::stride;
-      acc.stage(k_rows, v_rows, q_frag, q_scale_sm, c.token_begin + tile * TILE + slice * SUB, c.token_end, visible, lane);
+      // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
+      acc.stage(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm,
+                c.token_begin + tile * TILE + T::Tok::warp_first(slice), c.token_end, visible, lane);
       if (tid < TILE) stage_rows[tile % M::NS][tid] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
       __syncthreads(); // the stage is refilled next

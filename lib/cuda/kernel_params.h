@@ -117,14 +117,14 @@ typedef struct PkvReadParams {
 #define PKV_MMA_ROWS 16
 #define PKV_MMA_NARROW_ROWS 8
 
-/* Bytes a K or V row takes in the tensor-core kernel's shared memory: float rows of 256 bytes or
- * more one 16-byte unit longer in the narrow tile (a bulk copy writes a row as the page holds it),
- * other float rows as they are (their 16-byte units permuted per row), quantized rows (data then scales) padded to an odd
- * number of 16-byte units; either way the eight rows one matrix load touches fall in different banks. */
-static inline uint32_t pkv_mma_row_stride(uint32_t data_and_scale_bytes, int quantized, int narrow) {
-  const uint32_t units = (data_and_scale_bytes + 15) / 16;
-  if (quantized) return (units % 2 ? units : units + 1) * 16;
-  return narrow && data_and_scale_bytes >= 256 ? data_and_scale_bytes + 16 : data_and_scale_bytes;
+/* Bytes the K (or V) rows of one stage of the tensor-core kernel take in shared memory (PKV_MMA_WARPS x
+ * PKV_MMA_TOKENS rows): float rows as the page holds them with 16 bytes of padding after every 8
+ * rows, quantized rows (data then scales) each padded to an odd number of 16-byte units; either way
+ * the eight rows one matrix load or one quad of lanes reads fall in different banks. */
+static inline uint32_t pkv_mma_part_bytes(uint32_t data_and_scale_bytes, int quantized) {
+  const uint32_t tokens = PKV_MMA_WARPS * PKV_MMA_TOKENS, units = (data_and_scale_bytes + 15) / 16;
+  if (quantized) return tokens * (units % 2 ? units : units + 1) * 16;
+  return tokens * data_and_scale_bytes + tokens / 8 * 16;
 }
 
 /* Shared-memory stages per block of the tensor-core kernel: two for head_dim 256 (a stage is large),

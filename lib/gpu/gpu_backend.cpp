@@ -557,10 +557,10 @@ class GpuBackend final : public Backend {
   static unsigned mma_shared_bytes(const PoolGeometry &g, MmaShape shape, unsigned stages) {
     const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
     const unsigned lane_bytes = rows; // rows / 4 words
-    auto stride = [&](const PlaneLayout &l) {
-      return pkv_mma_row_stride(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format), shape.narrow);
+    auto part = [&](const PlaneLayout &l) {
+      return pkv_mma_part_bytes(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
     };
-    const unsigned stage = warps * PKV_MMA_TOKENS * (stride(g.k) + stride(g.v));
+    const unsigned stage = part(g.k) + part(g.v);
     const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + 2 * (D / 32) * rows * 4
                                                 : 2 * (D / 16) * 32 * lane_bytes;
     const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
