@@ -409,8 +409,9 @@ static void ragged_lengths(tu_rng *r, uint32_t page_size, uint32_t *len) {
 
 /* ---------------------------------------------------------------------------------------------------
  * The matrix: every K/V format pair once; the other parameters spread so that each head_dim
- * (32/64/128/256), kv_heads (1..4), group (1/4/6/8), page size (8/16/64), source/q/out format and both
- * kinds of scale appear several times. Explicit scales keep the logits' spread (about
+ * (32/64/128/256), kv_heads (1..4), group (1/4/6/8), page size (2/4/8/16/64; pages under 8 tokens
+ * make the tensor-core kernel copy float rows one by one), source/q/out format and both kinds of
+ * scale appear several times. Explicit scales keep the logits' spread (about
  * 0.67 * scale * sqrt(head_dim)) between ~0.5 and ~5 for float K and <= ~1 for quantized K.
  * ------------------------------------------------------------------------------------------------- */
 #define F32 PKV_FORMAT_F32
@@ -430,10 +431,10 @@ static const shape matrix[] = {
     {F16, F16, 128, 4, 8, 16, F16, F16, F16, 0.0f},
     {F16, BF16, 64, 3, 1, 64, BF16, F32, F32, 0.3f},
     {F16, Q8_0, 32, 1, 4, 8, F32, BF16, F32, 0.0f},
-    {F16, Q4_0, 256, 3, 4, 16, BF16, F32, BF16, 0.3f},
+    {F16, Q4_0, 256, 3, 4, 2, BF16, F32, BF16, 0.3f},
     {BF16, F32, 64, 4, 4, 64, F16, F32, F32, 0.0f},
     {BF16, F16, 32, 2, 1, 16, F32, BF16, F16, 0.4f},
-    {BF16, BF16, 128, 1, 6, 8, BF16, BF16, BF16, 0.0f},
+    {BF16, BF16, 128, 1, 6, 4, BF16, BF16, BF16, 0.0f},
     {BF16, Q8_0, 256, 1, 8, 64, F16, F16, F32, 0.25f},
     {BF16, Q4_0, 64, 2, 8, 16, F32, F32, F16, 0.0f},
     {Q8_0, F32, 128, 3, 1, 16, F32, F32, F32, 0.0f},
@@ -462,7 +463,7 @@ static const uint32_t chunks[] = {UINT32_MAX, 0, 1, 2, 3}; /* the first is the r
  * to itself, split and unsplit. */
 static const shape spec[] = {
     {F16, F16, 128, 2, 4, 16, F16, F32, F32, 0.0f},
-    {BF16, BF16, 256, 1, 6, 16, BF16, BF16, F32, 0.0f},
+    {BF16, BF16, 256, 1, 6, 4, BF16, BF16, F32, 0.0f},
     {Q8_0, Q4_0, 64, 2, 8, 8, F32, F16, F16, 0.2f},
     {F32, Q8_0, 128, 1, 1, 64, F32, F32, F32, 0.0f},
 };
