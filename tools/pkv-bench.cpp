@@ -279,6 +279,7 @@ struct Env {
   bool cpu = false;
   unsigned threads = 0;        // pkv_context_desc.threads (0: the library's choice)
   uint32_t iters = 50;
+  uint32_t chunk_pages = 0;    // pkv_decode_args.chunk_pages: 0, the planner's split
   uint64_t rotate_bytes = 128ull << 20;
   uint64_t mem_avail = 0;      // host bytes available for pools (CPU backend); 0: unknown
   double bw_gbs = 0;           // measured (or given) read bandwidth, GB/s; 0: none
@@ -442,6 +443,7 @@ struct DecodePool {
     args.q_tokens = w.qtok;
     args.q_format = io;
     args.out_format = io;
+    args.chunk_pages = e.chunk_pages;
     args.memory = PKV_MEMORY_HOST;
     args.q = q.data();
     args.out = out.data();
@@ -822,7 +824,9 @@ void usage() {
       "  --backend NAME     auto|cpu|cuda|hip (default auto: PKV_BACKEND, else the first that works)\n"
       "  --device N         device ordinal for GPU backends (default 0)\n"
       "  --rotate-mb N      each decode rotates over layers of its batch of at least N MB (default 128)\n"
-      "  --bw-gbs X         use X GB/s as the read bandwidth instead of measuring it\n");
+      "  --bw-gbs X         use X GB/s as the read bandwidth instead of measuring it\n"
+      "  --chunk-pages N    split-K chunks of at most N pages (pkv_decode_args.chunk_pages; default 0:\n"
+      "                     the planner's choice), to compare splits while developing the planner\n");
 }
 
 } // namespace
@@ -853,6 +857,7 @@ int main(int argc, char **argv) {
     else if (a == "--device") device = (int)std::strtol(value().c_str(), nullptr, 10);
     else if (a == "--rotate-mb") e.rotate_bytes = std::strtoull(value().c_str(), nullptr, 10) << 20;
     else if (a == "--bw-gbs") e.bw_gbs = std::strtod(value().c_str(), nullptr);
+    else if (a == "--chunk-pages") e.chunk_pages = (uint32_t)std::strtoul(value().c_str(), nullptr, 10);
     else if (a == "--backend") {
       std::string b = value();
       if (b == "auto") backend = PKV_BACKEND_AUTO;
@@ -928,8 +933,9 @@ int main(int argc, char **argv) {
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   m.date = date;
 
-  std::printf("pkv-bench: pagedkv %s, revision %s, backend %s (%s), %s run, %u timed calls\n", m.version.c_str(),
-              m.rev.c_str(), m.backend.c_str(), m.device.c_str(), full ? "full" : "default", e.iters);
+  std::printf("pkv-bench: pagedkv %s, revision %s, backend %s (%s), %s run, %u timed calls%s\n", m.version.c_str(),
+              m.rev.c_str(), m.backend.c_str(), m.device.c_str(), full ? "full" : "default", e.iters,
+              e.chunk_pages ? strf(", chunks of at most %u pages", e.chunk_pages).c_str() : "");
 
   // Read bandwidth, measured in this run by the library's read-only pass over the device's memory.
   if (e.bw_gbs > 0) {
