@@ -182,7 +182,8 @@ constexpr bool quantized_format(uint32_t f) { return f == Q8_0 || f == Q4_0; }
 // Which of a stage's TILE tokens the warps' MMA rows take. SPREAD (K or V rows are float): the eight
 // rows one matrix load reads are eight tokens apart, in eight blocks of Row's layout: row m of warp
 // w is token 8 (m % 8) + 2 w + m / 8. Otherwise in order: token 16 w + m (the quantized kernels,
-// bound by their instructions, measured 1-3% slower with rows spread and padded on the H200).
+// bound by their instructions, measured 1-3% slower with rows spread and padded on the H200:
+// docs/perf/2026-12-01-h200-cuda-blocks.md).
 template <bool SPREAD> struct Tokens {
   static constexpr bool spread = SPREAD;
   __device__ static uint32_t warp_first(int w) { return SPREAD ? 2 * w : SUB * w; }
@@ -243,8 +244,10 @@ template <uint32_t F> __device__ __forceinline__ int quad_column(int n, int t) {
 // Looked up once per token and stage, a stage ahead, so queuing a stage's copies waits on no load.
 struct alignas(16) StageRow {
   const uint8_t *part;
-  uint32_t row, read; // 0: nothing (the row stays zero); 1: the row; 3: its eighth of the stage too,
-                      // 8 rows of one page in order
+  uint32_t row, read; // one of the values below
+  // kNone: the row stays zero; kRow: the row is read; kEighth: the row and the rest of its eighth of
+  // the stage, 8 rows of one page in order (one bulk copy).
+  enum : uint32_t { kNone = 0, kRow = 1, kEighth = 3 };
 };
 
 // Queues a stage's TILE rows of K (or V: offset k_bytes into the block) into shared memory, 64
@@ -264,13 +267,14 @@ template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const
     const uint8_t *src = s[i].part + part_offset + uint64_t(s[i].row) * R::data + p0 * 16;
     uint8_t *d = dst + R::of_token(i0 / TPR + STEP * i) + p0 * 16;
 #pragma unroll
-    for (int j = 0; j < P / TPR; j++) cp_async_zfill(d + TPR * 16 * j, src + TPR * 16 * j, s[i].read != 0);
+    for (int j = 0; j < P / TPR; j++)
+      cp_async_zfill(d + TPR * 16 * j, src + TPR * 16 * j, s[i].read != StageRow::kNone);
   }
   if constexpr (R::scales != 0) {
     const StageRow s = rows[i0];
     cp_async_small_zfill<R::scales>(dst + R::of_token(i0) + R::data,
                                     s.part + part_offset + scale_offset + uint64_t(s.row) * R::scales,
-                                    s.read != 0);
+                                    s.read != StageRow::kNone);
   }
 }
 
@@ -281,11 +285,11 @@ template <class R>
 __device__ __forceinline__ void bulk_row(uint8_t *dst, const StageRow *rows, uint64_t part_offset, int i, uint64_t *bar) {
   const StageRow s = rows[i];
   uint8_t *d = dst + R::of_token(i);
-  if (s.read == 3) {
+  if (s.read == StageRow::kEighth) {
     const bool mine = i % 8 == 0;
     mbar_arrive(bar, mine ? 8 * R::data : 0);
     if (mine) bulk_copy(d, s.part + part_offset + uint64_t(s.row) * R::data, 8 * R::data, bar);
-  } else if (s.read) {
+  } else if (s.read != StageRow::kNone) {
     mbar_arrive(bar, R::data);
     bulk_copy(d, s.part + part_offset + uint64_t(s.row) * R::data, R::data, bar);
   } else {
@@ -746,7 +750,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // The eighth's rows share this row's page (and so its validity) when they share its page index.
       const bool eighth = (KB || VB) && valid && first + 7 < c.token_end && (first & in_page) + 7 <= in_page;
       return StageRow{layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0),
-                      (h << pool.page_shift) + (t & in_page), valid + 2u * eighth};
+                      (h << pool.page_shift) + (t & in_page), valid + 2u * eighth}; // kNone, kRow or kEighth
     };
     // Queues tile `tile` into its stage: warps 0-1 copy the K rows, warps 2-3 the V rows (the first
     // row tile's warps; every thread commits, so the group counts agree).
