@@ -79,6 +79,13 @@ PKV_BULK_HELPER void bulk_copy(void *smem, const void *global, unsigned bytes, u
                : "memory");
 }
 #undef PKV_BULK_HELPER
+// The old value; the add releases this thread's earlier writes (and those a barrier ordered before
+// it) to the GPU and acquires what other blocks released with theirs.
+__device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t *p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -897,21 +904,23 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     }
     if (split) {
       // The last of the sequence's chunks to finish (for this KV head and row tile) merges them all.
+      // One thread counts for the block: the barrier orders the block's partial writes before its
+      // release, and the last block's acquire orders them before its reads.
       const uint32_t chunks_of_seq = reinterpret_cast<const uint32_t *>(p.seq_chunks)[c.seq + 1] - first_chunk;
-      __threadfence();
       __syncthreads();
       if (tid == 0) {
         uint32_t *counter = reinterpret_cast<uint32_t *>(p.counters) + (uint64_t(first_part) * pool.kv_heads + h) * p.row_tiles + z;
-        s_last = atomicAdd(counter, 1u) + 1 == chunks_of_seq;
+        s_last = atomic_add_acq_rel(counter, 1u) + 1 == chunks_of_seq;
         if (s_last) *counter = 0; // every other chunk has counted: ready for the next call
       }
       __syncthreads();
       if (s_last) {
-        __threadfence();
         const float *part_out = reinterpret_cast<const float *>(p.part_out);
         const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
-        // A thread takes four consecutive values of a row (16-byte loads); the chunk loops are unrolled
-        // so that several chunks' loads are in flight at once (they are latency-bound).
+        // A thread takes four consecutive values of a row (16-byte loads) and folds the chunks in, in
+        // chunk order, MERGE at a time: their loads go out together (the merge is latency-bound), then
+        // what is folded so far is rescaled once to the group's largest lse.
+        constexpr uint32_t MERGE = 16;
         for (uint32_t e = tid; e < my_rows * D / 4; e += threads) {
           const uint32_t r = e / (D / 4), d = e % (D / 4) * 4;
           const uint64_t head = q_head(r), in_seq = head - uint64_t(c.seq) * p.q_tokens * p.q_heads;
@@ -919,17 +928,30 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
           const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads, at = first_part * stride + in_seq;
           const float *lse = part_lse + at;
           const float4 *out = reinterpret_cast<const float4 *>(part_out + at * D + d);
-          float top = -INFINITY;
-#pragma unroll 8
-          for (uint32_t k = 0; k < chunks_of_seq; k++) top = fmaxf(top, __ldcg(lse + k * stride));
-          float sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8
-          for (uint32_t k = 0; k < chunks_of_seq; k++) { // top == -inf: every lse is, every weight 0
-            const float l = __ldcg(lse + k * stride);
-            const float weight = l == -INFINITY ? 0.0f : expf(l - top);
-            const float4 v = __ldcg(out + k * stride * (D / 4));
-            sum += weight;
-            acc[0] += weight * v.x, acc[1] += weight * v.y, acc[2] += weight * v.z, acc[3] += weight * v.w;
+          float top = -INFINITY, sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          for (uint32_t k0 = 0; k0 < chunks_of_seq; k0 += MERGE) {
+            float l[MERGE];
+            float4 v[MERGE];
+#pragma unroll
+            for (uint32_t j = 0; j < MERGE; j++) {
+              const bool in = k0 + j < chunks_of_seq;
+              l[j] = in ? __ldcg(lse + (k0 + j) * stride) : -INFINITY;
+              v[j] = in ? __ldcg(out + (k0 + j) * stride * (D / 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            float next = top;
+#pragma unroll
+            for (uint32_t j = 0; j < MERGE; j++) next = fmaxf(next, l[j]);
+            const float rescale = top == -INFINITY ? 0.0f : expf(top - next); // 1 when the top stays
+            sum *= rescale;
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] *= rescale;
+#pragma unroll
+            for (uint32_t j = 0; j < MERGE; j++) { // an empty chunk (lse -inf) weighs 0
+              const float weight = l[j] == -INFINITY ? 0.0f : expf(l[j] - next);
+              sum += weight;
+              acc[0] += weight * v[j].x, acc[1] += weight * v[j].y, acc[2] += weight * v[j].z, acc[3] += weight * v[j].w;
+            }
+            top = next;
           }
 #pragma unroll
           for (int i = 0; i < 4; i++)
