@@ -690,16 +690,19 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const float *q_scale_sm = q_scale_of(mt);
   const PkvPool &pool = p.pool;
   const uint32_t group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group;
-  const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
   const uint32_t per_chunk = pool.kv_heads * p.row_tiles;
   const PkvChunk *chunks = reinterpret_cast<const PkvChunk *>(p.chunks);
+  // The first item's chunk is read alongside the chunk count, not after it: the grid covers the plan
+  // it was launched for, so the chunk lies in the plan buffer.
+  PkvChunk c = chunks[blockIdx.x / per_chunk];
+  const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
   const float q_mul = p.scale * 1.4426950408889634f; // scores in log2 units
 
   for (uint32_t item = blockIdx.x; item < n_chunks * per_chunk; item += gridDim.x) {
     const uint32_t ci = item / per_chunk, h = item % per_chunk / p.row_tiles, z = item % p.row_tiles;
-    const PkvChunk c = chunks[ci];
-    const uint32_t length = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq];
+    if (item != blockIdx.x) c = chunks[ci];
+    const uint32_t length = c.length;
     // Query row r of this tile: (token, head of the group), or nothing past the group's rows.
     auto q_head = [&](uint32_t r) {
       const uint32_t row = z * block_rows + r, tok = row / group;
@@ -741,8 +744,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       visible[i] = row_valid(r) ? length - p.q_tokens + tok + 1 : 0;
     }
 
-    const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) +
-                            uint64_t(reinterpret_cast<const uint32_t *>(p.seq_slots)[c.seq]) * pool.table_stride;
+    const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) + uint64_t(c.slot) * pool.table_stride;
     const uint32_t n = c.token_end - c.token_begin;
     const int tiles = int((n + TILE - 1) / TILE);
 
@@ -873,8 +875,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     __syncthreads();
 
     const bool split = c.part != kNoPart;
-    const uint32_t first_chunk = reinterpret_cast<const uint32_t *>(p.seq_chunks)[c.seq];
-    const uint32_t first_part = split ? c.part - (ci - first_chunk) : 0;
+    const uint32_t first_part = c.first_part;
     const uint32_t my_rows = min(block_rows, rows - z * block_rows);
     for (uint32_t e = tid; e < my_rows * D; e += threads) {
       const uint32_t rb = e / D, d = e % D, r = rb % ROWS, w0 = rb / ROWS * WARPS; // warps w0.. hold row rb
@@ -906,7 +907,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // The last of the sequence's chunks to finish (for this KV head and row tile) merges them all.
       // One thread counts for the block: the barrier orders the block's partial writes before its
       // release, and the last block's acquire orders them before its reads.
-      const uint32_t chunks_of_seq = reinterpret_cast<const uint32_t *>(p.seq_chunks)[c.seq + 1] - first_chunk;
+      const uint32_t chunks_of_seq = c.chunks;
       __syncthreads();
       if (tid == 0) {
         uint32_t *counter = reinterpret_cast<uint32_t *>(p.counters) + (uint64_t(first_part) * pool.kv_heads + h) * p.row_tiles + z;

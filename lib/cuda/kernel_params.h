@@ -60,6 +60,11 @@ typedef struct PkvCopyParams {
 typedef struct PkvChunk {
   uint32_t seq, token_begin, token_end;
   uint32_t part; /* a split sequence's partial-result slot; UINT32_MAX: the sequence's only chunk */
+  /* The sequence's own, repeated in each of its chunks so that a block reads its item in one go: */
+  uint32_t slot;       /* page-table row */
+  uint32_t length;
+  uint32_t first_part; /* part of the sequence's first chunk (when split) */
+  uint32_t chunks;     /* how many the sequence has */
 } PkvChunk;
 
 /* The start of a pool's plan buffer. The arrays after it sit at offsets fixed by the pool's capacity

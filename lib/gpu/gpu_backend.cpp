@@ -17,7 +17,6 @@ using namespace gpu;
 static_assert(sizeof(PkvTableEntry) == sizeof(TableEntry), "table entries cross to the device as they are");
 static_assert(sizeof(PkvRowSlot) == sizeof(RowSlot), "row slots cross to the device as they are");
 static_assert(sizeof(PkvPageCopy) == sizeof(PageCopy), "page copies cross to the device as they are");
-static_assert(sizeof(PkvChunk) == sizeof(DecodeChunk), "chunks cross to the device as they are");
 static_assert(kNoPart == UINT32_MAX, "the kernels know a sequence's only chunk by part UINT32_MAX");
 
 constexpr unsigned kThreads = 128;
@@ -587,7 +586,16 @@ class GpuBackend final : public Backend {
     up.place(l.slots, b.seq_slots, uint64_t(b.count) * 4);
     up.place(l.lengths, b.lengths, uint64_t(b.count) * 4);
     up.place(l.seq_chunks, plan.seq_chunks.data(), plan.seq_chunks.size() * 4);
-    up.place(l.chunks, plan.chunks.data(), plan.chunks.size() * sizeof(DecodeChunk));
+    device_chunks_.clear();
+    for (uint32_t seq = 0; seq < b.count; seq++) {
+      const uint32_t first = plan.seq_chunks[seq], n = plan.seq_chunks[seq + 1] - first;
+      for (uint32_t i = first; i < first + n; i++) {
+        const DecodeChunk &c = plan.chunks[i];
+        device_chunks_.push_back({c.seq, c.token_begin, c.token_end, c.part, b.seq_slots[seq], b.lengths[seq],
+                                  plan.chunks[first].part, n});
+      }
+    }
+    up.place(l.chunks, device_chunks_.data(), device_chunks_.size() * sizeof(PkvChunk));
     send(up, g.plan);
   }
 
@@ -682,6 +690,7 @@ class GpuBackend final : public Backend {
   // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
   // by [narrow].
   Function fast_functions_[3][4][4] = {}, mma_functions_[2][3][4][4] = {};
+  std::vector<PkvChunk> device_chunks_; // the plan's chunks as uploaded (kept: its capacity is reused)
   uint8_t mma_stages_[2][3][4][4] = {}; // 0 until looked up, and where no block fits
   uint32_t mma_blocks_per_sm_[3][3][4][4] = {}; // first by shape: narrow, 1 or 2 wide row tiles
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
