@@ -76,6 +76,9 @@ class Backend {
   // multiprocessors times the decode kernel's blocks per multiprocessor), and the shortest chunk
   // worth a work item of its own: what the planner splits contexts by.
   virtual uint32_t workers(const PoolGeometry &g, uint32_t rows) = 0;
+  // Of those, how many together already run at the backend's full rate (a GPU kernel bound by memory
+  // bandwidth reaches it with fewer blocks than fit): more share that rate and add per-item costs.
+  virtual uint32_t full_rate_workers(const PoolGeometry &g, uint32_t rows) { return workers(g, rows); }
   virtual uint32_t min_chunk_tokens() const = 0;
   // What a pool's plan buffer holds, and its bytes (0: the backend keeps no plan buffer).
   virtual PlanLimits plan_limits(const PoolGeometry &) { return {}; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 
 namespace pkv {
 
@@ -12,8 +13,9 @@ constexpr uint64_t kMaxWaves = 4;
 
 uint64_t pages_of(uint64_t tokens, uint32_t page_size) { return (tokens + page_size - 1) / page_size; }
 
-uint64_t chunks_wanted(uint64_t workers, uint32_t kv_heads) {
-  return (std::max<uint64_t>(1, workers * kMaxWaves) + kv_heads - 1) / kv_heads;
+// Chunks that run at once: every chunk is an item for each KV head.
+uint64_t chunk_slots(uint64_t workers, uint32_t kv_heads) {
+  return std::max<uint64_t>(1, workers / std::max<uint32_t>(1, kv_heads));
 }
 
 // Chunks of `chunk_pages` over the batch.
@@ -23,36 +25,59 @@ uint64_t chunks_of(const std::vector<uint64_t> &pages, uint64_t chunk_pages) {
   return n;
 }
 
-// Every worker runs one (chunk, KV head) item at a time. For w = 1..kMaxWaves rounds of items, the
-// shortest chunk that needs at most w rounds finishes in about w x (chunk + the fixed cost of an item,
-// taken as the shortest worthwhile chunk); the cheapest w wins. One round of equal chunks fills the
-// device exactly when the batch is uniform; long sequences get proportionally more chunks, and short
-// ones beside them stay whole.
+// The shortest chunk with which the batch's chunks number at most `cap`.
+uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64_t min_pages, uint64_t longest) {
+  uint64_t lo = min_pages, hi = std::max(min_pages, longest); // chunks_of(hi) = count <= cap
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (chunks_of(pages, mid) <= cap) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+// Every worker runs one (chunk, KV head) item at a time. Costs are in the time a worker takes for a
+// page when all workers run (the fixed cost of an item taken as the shortest worthwhile chunk):
+//  - w = 1..kMaxWaves rounds of items over all workers, with the shortest chunk that needs at most w
+//    rounds: w x (chunk + fixed);
+//  - where fewer workers already run at the full rate (a memory-bound GPU kernel), one round over
+//    just those: an item then runs workers / full-rate times as fast, and rounds over all workers cost
+//    an eighth more than their pages say (measured on the H200: one block a multiprocessor of float
+//    head_dim 128 decodes single long sequences 4-9% faster than two with the same bytes; see
+//    docs/perf/2026-12-01-h200-cuda-planner.md);
+//  - a split sequence costs its partial results' writes and merge besides, two shortest chunks (in
+//    the batch's average: splitting a few of its sequences costs less than splitting all), so a chunk
+//    just long enough to keep more sequences whole is a candidate too.
+// The cheapest wins. One round of equal chunks fills the device exactly when the batch is uniform;
+// long sequences get proportionally more chunks, and short ones beside them stay whole.
 uint64_t choose_chunk_pages(const PlanRequest &req) {
   std::vector<uint64_t> pages(req.count);
-  uint64_t longest = 1;
-  for (uint32_t b = 0; b < req.count; b++) {
-    pages[b] = pages_of(req.lengths[b], req.page_size);
-    longest = std::max(longest, pages[b]);
-  }
+  for (uint32_t b = 0; b < req.count; b++) pages[b] = pages_of(req.lengths[b], req.page_size);
+  std::vector<uint64_t> sorted = pages;
+  std::sort(sorted.begin(), sorted.end());
+  const uint64_t longest = sorted.empty() ? 1 : std::max<uint64_t>(1, sorted.back());
   const uint64_t min_pages = pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size);
-  const uint64_t slots = std::max<uint64_t>(1, req.workers / std::max<uint32_t>(1, req.kv_heads));
-  uint64_t best = std::max(min_pages, longest), best_cost = UINT64_MAX;
-  for (uint64_t w = 1; w <= kMaxWaves; w++) {
-    const uint64_t cap = w * slots;
-    if (req.count > cap) continue;
-    uint64_t lo = min_pages, hi = std::max(min_pages, longest); // chunks_of(hi) = count <= cap
-    while (lo < hi) {
-      const uint64_t mid = lo + (hi - lo) / 2;
-      if (chunks_of(pages, mid) <= cap) hi = mid;
-      else lo = mid + 1;
-    }
-    const uint64_t cost = w * (lo + min_pages);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = lo;
-    }
-  }
+  const uint32_t workers = std::max<uint32_t>(1, req.workers);
+  const uint32_t full_rate = std::min(workers, std::max<uint32_t>(1, req.full_rate_workers));
+  const double shared = full_rate < workers ? 1.125 : 1.0; // what all workers' rounds cost more
+  uint64_t best = std::max(min_pages, longest);
+  double best_cost = INFINITY;
+  auto consider = [&](double rounds, uint64_t chunk) {
+    const uint64_t splits = uint64_t(sorted.end() - std::upper_bound(sorted.begin(), sorted.end(), chunk));
+    const double c = rounds * double(chunk + min_pages) + 2.0 * double(min_pages * splits) / std::max(1u, req.count);
+    if (c < best_cost) best_cost = c, best = chunk;
+  };
+  // The chunk that needs `cap` chunks at most, and those longer that keep another sequence whole.
+  auto consider_all = [&](double rounds, uint64_t cap) {
+    if (req.count > cap) return;
+    const uint64_t lo = shortest_chunk(pages, cap, min_pages, longest);
+    consider(rounds, lo);
+    for (auto it = std::upper_bound(sorted.begin(), sorted.end(), lo); it != sorted.end();
+         it = std::upper_bound(it, sorted.end(), *it))
+      consider(rounds, *it);
+  };
+  for (uint64_t w = 1; w <= kMaxWaves; w++) consider_all(double(w) * shared, w * chunk_slots(workers, req.kv_heads));
+  if (full_rate < workers) consider_all(double(full_rate) / workers, chunk_slots(full_rate, req.kv_heads));
   return best;
 }
 
@@ -78,7 +103,7 @@ PlanLimits chosen_plan_bounds(uint32_t max_sequences, uint32_t kv_heads, uint32_
   // A chosen plan has at most kMaxWaves rounds of chunks (`wanted`), or, when the batch has more
   // sequences than that, one chunk per sequence; parts belong to split sequences, so they are fewer
   // than `wanted`.
-  const uint64_t wanted = chunks_wanted(workers, kv_heads);
+  const uint64_t wanted = kMaxWaves * chunk_slots(workers, kv_heads);
   PlanLimits l;
   l.chunks = uint32_t(std::min<uint64_t>(UINT32_MAX, max_sequences + wanted));
   l.parts = uint32_t(std::min<uint64_t>(UINT32_MAX, std::max<uint64_t>(2 * wanted, 512)));
@@ -115,6 +140,7 @@ DecodePlan make_plan(const PlanRequest &req) {
 const DecodePlan &PlanCache::get(const PlanRequest &req) {
   const bool same = valid_ && req.page_size == page_size_ && req.kv_heads == kv_heads_ &&
                     req.chunk_pages == chunk_pages_ && req.workers == workers_ &&
+                    req.full_rate_workers == full_rate_workers_ &&
                     req.min_chunk_tokens == min_chunk_tokens_ && req.limits.chunks == limits_.chunks &&
                     req.limits.parts == limits_.parts && lengths_.size() == req.count &&
                     std::equal(lengths_.begin(), lengths_.end(), req.lengths);
@@ -126,6 +152,7 @@ const DecodePlan &PlanCache::get(const PlanRequest &req) {
   kv_heads_ = req.kv_heads;
   chunk_pages_ = req.chunk_pages;
   workers_ = req.workers;
+  full_rate_workers_ = req.full_rate_workers;
   min_chunk_tokens_ = req.min_chunk_tokens;
   limits_ = req.limits;
   valid_ = true;

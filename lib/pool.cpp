@@ -327,9 +327,10 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
            "tokens first", i, lengths[i], a.q_tokens);
   }
   pkv::Backend &backend = *ctx_->backend;
+  const uint32_t rows = a.q_tokens * (a.q_heads / geometry_.kv_heads);
   const pkv::DecodePlan &plan =
       plans_.get({lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages,
-                  backend.workers(geometry_, a.q_tokens * (a.q_heads / geometry_.kv_heads)),
+                  backend.workers(geometry_, rows), backend.full_rate_workers(geometry_, rows),
                   backend.min_chunk_tokens(), backend.plan_limits(geometry_)});
 
   pkv::DecodeBatch batch{};

@@ -21,6 +21,7 @@ static_assert(kNoPart == UINT32_MAX, "the kernels know a sequence's only chunk b
 
 constexpr unsigned kThreads = 128;
 constexpr unsigned kFastSharedLimit = 48 * 1024; // what a block gets without opting in
+constexpr uint64_t kMmaBytesInFlight = 64 * 1024; // per multiprocessor, to keep pace with its share of the bandwidth
 
 uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
 
@@ -142,17 +143,17 @@ class GpuBackend final : public Backend {
   pkv_backend kind() const override { return dev_->kind(); }
   uint32_t workers(const PoolGeometry &g, uint32_t rows) override {
     if (decode_kind(g) != DecodeKind::mma) return sms_;
+    return sms_ * mma_blocks_per_sm(g, mma_shape(rows));
+  }
+  // Float pages: the kernel waits on memory, and a multiprocessor's share of the bandwidth needs about
+  // 64 KB in flight (a block has all its stages but the computing one loading): blocks beyond that
+  // only split the share. Quantized pages are bound by instruction issue: every block counts.
+  uint32_t full_rate_workers(const PoolGeometry &g, uint32_t rows) override {
+    if (decode_kind(g) != DecodeKind::mma || !float_pages(g)) return workers(g, rows);
     const MmaShape shape = mma_shape(rows);
-    uint32_t &n = mma_blocks_per_sm_[shape.narrow ? 0 : shape.mtiles][g.head_dim / 128][g.k.format - PKV_FORMAT_F16]
-                                    [g.v.format - PKV_FORMAT_F16];
-    if (!n) {
-      Current current(*this);
-      int blocks = 0;
-      check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g, shape.narrow), shape.mtiles * PKV_MMA_WARPS * 32,
-                                            mma_shared_bytes(g, shape, mma_stages(g, shape.narrow))));
-      n = uint32_t(std::max(1, blocks));
-    }
-    return sms_ * n;
+    const uint64_t in_flight = uint64_t(mma_stages(g, shape.narrow) - 1) * mma_stage_bytes(g);
+    const uint64_t blocks = (kMmaBytesInFlight + in_flight - 1) / in_flight;
+    return sms_ * uint32_t(std::min<uint64_t>(mma_blocks_per_sm(g, shape), blocks));
   }
   // A block streams a chunk a tile at a time: short chunks over many multiprocessors finish sooner
   // than long ones over few, and the merge of a few partials is cheap.
@@ -546,6 +547,19 @@ class GpuBackend final : public Backend {
     return {false, rows <= PKV_MMA_ROWS ? 1u : 2u};
   }
 
+  // Blocks of the tensor-core kernel a multiprocessor holds at once, for the pool and row tiles.
+  uint32_t mma_blocks_per_sm(const PoolGeometry &g, MmaShape shape) {
+    uint32_t &n = mma_blocks_per_sm_[shape.narrow ? 0 : shape.mtiles][g.head_dim / 128][g.k.format - PKV_FORMAT_F16]
+                                    [g.v.format - PKV_FORMAT_F16];
+    if (!n) {
+      Current current(*this);
+      int blocks = 0;
+      check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g, shape.narrow), shape.mtiles * PKV_MMA_WARPS * 32,
+                                            mma_shared_bytes(g, shape, mma_stages(g, shape.narrow))));
+      n = uint32_t(std::max(1, blocks));
+    }
+    return n;
+  }
   static bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
   static int float_pages(const PoolGeometry &g) { return !is_quantized(g.k.format) && !is_quantized(g.v.format); }
 
@@ -553,13 +567,16 @@ class GpuBackend final : public Backend {
   // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments of each row tile (a lane's share of a
   // k-step: rows / 4 words), and the warps' combine area of each row tile (which reuses the others
   // once a chunk is done).
-  static unsigned mma_shared_bytes(const PoolGeometry &g, MmaShape shape, unsigned stages) {
-    const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
-    const unsigned lane_bytes = rows; // rows / 4 words
+  static unsigned mma_stage_bytes(const PoolGeometry &g) {
     auto part = [&](const PlaneLayout &l) {
       return pkv_mma_part_bytes(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
     };
-    const unsigned stage = part(g.k) + part(g.v);
+    return part(g.k) + part(g.v);
+  }
+  static unsigned mma_shared_bytes(const PoolGeometry &g, MmaShape shape, unsigned stages) {
+    const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
+    const unsigned lane_bytes = rows; // rows / 4 words
+    const unsigned stage = mma_stage_bytes(g);
     const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + 2 * (D / 32) * rows * 4
                                                 : 2 * (D / 16) * 32 * lane_bytes;
     const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;

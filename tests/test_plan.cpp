@@ -1,0 +1,176 @@
+// The decode planner (lib/plan.cpp, compiled in: it is internal), checked by the properties a plan
+// must have rather than by the chunk sizes it picks: every sequence's chunks tile its context exactly
+// at page boundaries, parts are numbered compactly, chosen plans fit the bounds a GPU sizes its plan
+// buffer by, an explicit chunk size is kept unless the plan would not fit, and the shapes the planner
+// promises (a uniform batch fills the workers, short sequences beside a long one stay whole).
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <csetjmp>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <algorithm>
+#include <vector>
+
+#include "plan.hpp"
+extern "C" {
+#include "testutil.h"
+}
+
+namespace {
+
+using namespace pkv;
+
+struct Batch {
+  std::vector<uint32_t> lengths;
+  uint32_t page_size, kv_heads, workers;
+  uint32_t full_rate_workers = 0; // 0: all workers
+};
+
+PlanRequest request(const Batch &b, uint32_t chunk_pages, PlanLimits limits) {
+  return PlanRequest{b.lengths.data(), uint32_t(b.lengths.size()), b.page_size, b.kv_heads, chunk_pages,
+                     b.workers, b.full_rate_workers ? b.full_rate_workers : b.workers, 64, limits};
+}
+
+// Chunks in sequence order, each sequence's contiguous from 0 to its length (one empty chunk for an
+// empty sequence), boundaries on pages, none longer than chunk_tokens; parts 0.. in order over split
+// sequences, kNoPart for whole ones.
+void check_tiles(const Batch &b, const DecodePlan &p) {
+  const uint32_t count = uint32_t(b.lengths.size());
+  assert_int_equal(p.seq_chunks.size(), count + 1);
+  assert_int_equal(p.seq_chunks[0], 0);
+  assert_int_equal(p.seq_chunks[count], p.chunks.size());
+  uint32_t next_part = 0;
+  for (uint32_t s = 0; s < count; s++) {
+    const uint32_t first = p.seq_chunks[s], last = p.seq_chunks[s + 1];
+    assert_true(last > first);
+    const bool split = last - first > 1;
+    uint32_t at = 0;
+    for (uint32_t c = first; c < last; c++) {
+      const DecodeChunk &ch = p.chunks[c];
+      assert_int_equal(ch.seq, s);
+      assert_int_equal(ch.token_begin, at);
+      assert_true(ch.token_end >= ch.token_begin);
+      assert_true(ch.token_end - ch.token_begin <= p.chunk_tokens);
+      if (ch.token_end != b.lengths[s]) assert_int_equal(ch.token_end % b.page_size, 0);
+      assert_true(ch.token_end > ch.token_begin || b.lengths[s] == 0);
+      assert_int_equal(ch.part, split ? next_part++ : kNoPart);
+      at = ch.token_end;
+    }
+    assert_int_equal(at, b.lengths[s]);
+  }
+  assert_int_equal(p.parts, next_part);
+}
+
+Batch random_batch(tu_rng *r) {
+  Batch b;
+  b.page_size = 1u << tu_below(r, 8); // 1..128
+  b.kv_heads = 1 + tu_below(r, 16);
+  b.workers = 1 + tu_below(r, 600);
+  if (tu_below(r, 2)) b.full_rate_workers = 1 + tu_below(r, b.workers);
+  const uint32_t count = 1 + tu_below(r, 64);
+  for (uint32_t i = 0; i < count; i++) {
+    // Mostly short, some empty, a few long: the ragged batches engines decode.
+    const uint32_t kind = tu_below(r, 8);
+    b.lengths.push_back(kind == 0 ? 0 : kind == 1 ? 1 + tu_below(r, 200000) : 1 + tu_below(r, 5000));
+  }
+  return b;
+}
+
+void test_random_plans_tile_and_fit(void **) {
+  tu_rng r = tu_rng_make(tu_seed());
+  for (int round = 0; round < 300; round++) {
+    const Batch b = random_batch(&r);
+    const PlanLimits bounds = chosen_plan_bounds(uint32_t(b.lengths.size()), b.kv_heads, b.workers);
+    const DecodePlan chosen = make_plan(request(b, 0, bounds));
+    check_tiles(b, chosen);
+    assert_true(chosen.chunks.size() <= bounds.chunks);
+    assert_true(chosen.parts <= bounds.parts);
+    // A chosen plan needs no coarsening: it is the same when made without limits.
+    const DecodePlan free_plan = make_plan(request(b, 0, PlanLimits{}));
+    assert_int_equal(free_plan.chunk_tokens, chosen.chunk_tokens);
+    assert_int_equal(free_plan.chunks.size(), chosen.chunks.size());
+
+    // An explicit chunk size is kept when its plan fits, else coarsened until it does.
+    const uint32_t pages = 1 + tu_below(&r, 64);
+    const DecodePlan forced = make_plan(request(b, pages, PlanLimits{}));
+    check_tiles(b, forced);
+    assert_int_equal(forced.chunk_tokens, pages * b.page_size);
+    const PlanLimits tight{uint32_t(b.lengths.size()) + tu_below(&r, 8), 1 + tu_below(&r, 8)};
+    const DecodePlan coarse = make_plan(request(b, pages, tight));
+    check_tiles(b, coarse);
+    assert_true(coarse.chunks.size() <= tight.chunks);
+    assert_true(coarse.parts <= tight.parts);
+    assert_true(coarse.chunk_tokens >= pages * b.page_size);
+  }
+}
+
+uint32_t chunks_of_seq(const DecodePlan &p, uint32_t s) { return p.seq_chunks[s + 1] - p.seq_chunks[s]; }
+
+void test_uniform_batch_fills_workers(void **) {
+  tu_rng r = tu_rng_make(tu_seed());
+  for (int round = 0; round < 50; round++) {
+    Batch b;
+    b.page_size = 16;
+    b.kv_heads = 1u << tu_below(&r, 4);
+    // Workers a whole number of times the batch: one round of equal chunks fills them exactly.
+    const uint32_t count = 1 + tu_below(&r, 32), slots = count * (2 + tu_below(&r, 7));
+    b.workers = slots * b.kv_heads;
+    b.lengths.assign(count, 16 * (4096 + tu_below(&r, 4096))); // long enough that every split pays
+    const DecodePlan p = make_plan(request(b, 0, PlanLimits{}));
+    check_tiles(b, p);
+    assert_int_equal(p.chunks.size(), slots);
+    for (uint32_t s = 0; s < count; s++) assert_int_equal(chunks_of_seq(p, s), slots / count);
+
+    // Where a part of the workers already runs at the full rate, one round over just those.
+    const uint32_t full_rate_slots = count * (1 + tu_below(&r, slots / count));
+    b.full_rate_workers = full_rate_slots * b.kv_heads;
+    const DecodePlan q = make_plan(request(b, 0, PlanLimits{}));
+    check_tiles(b, q);
+    assert_int_equal(q.chunks.size(), full_rate_slots);
+  }
+}
+
+void test_short_beside_long_stay_whole(void **) {
+  tu_rng r = tu_rng_make(tu_seed());
+  for (int round = 0; round < 50; round++) {
+    Batch b;
+    b.page_size = 16;
+    b.kv_heads = 1u << tu_below(&r, 4);
+    b.workers = (32 + tu_below(&r, 100)) * b.kv_heads;
+    const uint32_t shorts = 1 + tu_below(&r, 8), short_len = 16 * (1 + tu_below(&r, 16));
+    b.lengths.push_back(16 * 4096 + tu_below(&r, 16 * 4096));
+    b.lengths.insert(b.lengths.end(), shorts, short_len);
+    const DecodePlan p = make_plan(request(b, 0, PlanLimits{}));
+    check_tiles(b, p);
+    assert_true(chunks_of_seq(p, 0) > 1);
+    for (uint32_t s = 1; s <= shorts; s++) assert_int_equal(chunks_of_seq(p, s), 1);
+  }
+}
+
+void test_cache_reuses_same_batch(void **) {
+  Batch b{{1000, 70000, 0, 5}, 16, 8, 264};
+  PlanCache cache;
+  const uint64_t first = cache.get(request(b, 0, PlanLimits{})).generation;
+  assert_int_equal(cache.get(request(b, 0, PlanLimits{})).generation, first);
+  b.lengths[1]++;
+  const DecodePlan &grown = cache.get(request(b, 0, PlanLimits{}));
+  assert_true(grown.generation != first);
+  check_tiles(b, grown);
+  const uint64_t second = grown.generation;
+  assert_true(cache.get(request(b, 4, PlanLimits{})).generation != second);
+}
+
+} // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_random_plans_tile_and_fit),
+      cmocka_unit_test(test_uniform_batch_fills_workers),
+      cmocka_unit_test(test_short_beside_long_stay_whole),
+      cmocka_unit_test(test_cache_reuses_same_batch),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
