@@ -877,29 +877,43 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     const bool split = c.part != kNoPart;
     const uint32_t first_part = c.first_part;
     const uint32_t my_rows = min(block_rows, rows - z * block_rows);
-    for (uint32_t e = tid; e < my_rows * D; e += threads) {
-      const uint32_t rb = e / D, d = e % D, r = rb % ROWS, w0 = rb / ROWS * WARPS; // warps w0.. hold row rb
+    // Each row's warps' weights (normalised) and its lse, once a row, in place of their max and sum.
+    if (tid < my_rows) {
+      const uint32_t r = tid % ROWS, w0 = tid / ROWS * WARPS; // warps w0.. hold row tid
       float top = -INFINITY;
 #pragma unroll
       for (int w = w0; w < w0 + WARPS; w++) top = fmaxf(top, cm[w * ROWS + r]);
-      float sum = 0.0f, acc = 0.0f;
-      if (top != -INFINITY) {
+      float weight[WARPS], sum = 0.0f;
 #pragma unroll
-        for (int w = w0; w < w0 + WARPS; w++) {
-          const float weight = exp2f(cm[w * ROWS + r] - top);
-          sum += weight * cl[w * ROWS + r];
-          acc += weight * co[(w * ROWS + r) * M::CO_STRIDE + d];
-        }
+      for (int w = 0; w < WARPS; w++) {
+        weight[w] = top == -INFINITY ? 0.0f : exp2f(cm[(w0 + w) * ROWS + r] - top);
+        sum += weight[w] * cl[(w0 + w) * ROWS + r];
       }
-      const float value = sum > 0.0f ? acc / sum : 0.0f;
-      const float lse = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log
+#pragma unroll
+      for (int w = 0; w < WARPS; w++) cm[(w0 + w) * ROWS + r] = sum > 0.0f ? weight[w] / sum : 0.0f;
+      cl[w0 * ROWS + r] = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log
+    }
+    __syncthreads();
+    // Four consecutive values of a row a thread (16-byte shared-memory reads and partial writes).
+    for (uint32_t e = tid; e < my_rows * D / 4; e += threads) {
+      const uint32_t rb = e / (D / 4), d = e % (D / 4) * 4, r = rb % ROWS, w0 = rb / ROWS * WARPS;
+      float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = w0; w < w0 + WARPS; w++) {
+        const float weight = cm[w * ROWS + r];
+        const float4 o = *reinterpret_cast<const float4 *>(&co[(w * ROWS + r) * M::CO_STRIDE + d]);
+        value.x += weight * o.x, value.y += weight * o.y, value.z += weight * o.z, value.w += weight * o.w;
+      }
+      const float lse = cl[w0 * ROWS + r];
       const uint64_t head = q_head(rb);
       if (!split) {
-        store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, value);
+        const float v[4] = {value.x, value.y, value.z, value.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d + i, v[i]);
         if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
       } else {
         const uint64_t part = uint64_t(c.part) * p.q_tokens * p.q_heads + (head - uint64_t(c.seq) * p.q_tokens * p.q_heads);
-        reinterpret_cast<float *>(p.part_out)[part * D + d] = value;
+        *reinterpret_cast<float4 *>(reinterpret_cast<float *>(p.part_out) + part * D + d) = value;
         if (d == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;
       }
     }
