@@ -36,6 +36,12 @@ float dot(const float *a, const float *b, uint32_t n) {
 // One chunk of one sequence for the query rows of one KV head (every query token times every head
 // of the group): online softmax over blocks of tokens, giving the chunk's normalised output and its
 // log-sum-exp per row. Query token q sees positions below length - q_tokens + q + 1.
+// attend_chunk's buffers, one set per worker thread, kept between calls: once warm, a decode's
+// chunks allocate nothing.
+struct Scratch {
+  std::vector<float> q, acc, keys, values, m, l, scores;
+};
+
 struct ChunkTask {
   const PoolGeometry *g;
   const DecodeBatch *b;
@@ -43,19 +49,15 @@ struct ChunkTask {
   uint32_t kv_head;
   float *out; // [q_tokens * group][head_dim]
   float *lse; // [q_tokens * group]
+  Scratch *scratch;
 };
-
-// attend_chunk's buffers, kept per thread between calls: once warm, a decode allocates nothing.
-struct Scratch {
-  std::vector<float> q, acc, keys, values, m, l, scores;
-};
-thread_local Scratch scratch;
 
 void attend_chunk(const ChunkTask &t) {
   const PoolGeometry &g = *t.g;
   const DecodeBatch &b = *t.b;
   const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq, rows = b.q_tokens * group;
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  Scratch &scratch = *t.scratch;
   std::vector<float> &q = scratch.q, &acc = scratch.acc, &keys = scratch.keys, &values = scratch.values;
   std::vector<float> &m = scratch.m, &l = scratch.l, &scores = scratch.scores;
   q.resize(size_t(rows) * D);
@@ -113,7 +115,7 @@ void attend_chunk(const ChunkTask &t) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(uint32_t threads) : workers_(threads) {}
+  explicit CpuBackend(uint32_t threads) : workers_(threads), scratch_(workers_.threads()) {}
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
   uint32_t workers(const PoolGeometry &, uint32_t) override { return workers_.threads(); }
@@ -185,12 +187,12 @@ class CpuBackend final : public Backend {
     const uint32_t D = g.head_dim, rows = b.q_tokens * (b.q_heads / g.kv_heads);
     const size_t items = plan.chunks.size() * g.kv_heads;
     std::vector<float> part_out(items * rows * D), part_lse(items * rows);
-    workers_.run(uint32_t(items), [&](uint32_t item) {
+    workers_.run(uint32_t(items), [&](uint32_t item, uint32_t worker) {
       ChunkTask t{&g, &b, &plan.chunks[item / g.kv_heads], item % g.kv_heads,
-                  &part_out[size_t(item) * rows * D], &part_lse[size_t(item) * rows]};
+                  &part_out[size_t(item) * rows * D], &part_lse[size_t(item) * rows], &scratch_[worker]};
       attend_chunk(t);
     });
-    workers_.run(b.count, [&](uint32_t s) { merge(g, b, part_out, part_lse, s); });
+    workers_.run(b.count, [&](uint32_t s, uint32_t) { merge(g, b, part_out, part_lse, s); });
   }
 
   void synchronize() override {}
@@ -205,7 +207,7 @@ class CpuBackend final : public Backend {
     double best = 0.0;
     for (int pass = 0; pass < 5; pass++) {
       const auto t0 = std::chrono::steady_clock::now();
-      workers_.run(parts, [&](uint32_t part) {
+      workers_.run(parts, [&](uint32_t part, uint32_t) {
         const size_t begin = words * part / parts, end = words * (part + 1) / parts;
         uint64_t s[4] = {0, 0, 0, 0};
         for (size_t i = begin; i + 4 <= end; i += 4)
@@ -230,7 +232,7 @@ class CpuBackend final : public Backend {
   template <class Fn> void for_rows(const PoolGeometry &g, const RowTransfer &a, Fn fn) {
     const size_t stride = size_t(g.head_dim) * io_elem_bytes(a.format);
     const uint32_t items = (a.rows + kRowsPerItem - 1) / kRowsPerItem;
-    workers_.run(items, [&](uint32_t item) {
+    workers_.run(items, [&](uint32_t item, uint32_t) {
       std::vector<float> row(g.head_dim);
       const uint32_t end = std::min(a.rows, (item + 1) * kRowsPerItem);
       for (uint32_t r = item * kRowsPerItem; r < end; r++) fn(r, row.data(), stride);
@@ -272,6 +274,7 @@ class CpuBackend final : public Backend {
   static constexpr uint64_t kDefaultBandwidthBytes = 512ull << 20;
 
   WorkerPool workers_;
+  std::vector<Scratch> scratch_; // one a worker thread
   uint64_t bandwidth_sink_ = 0;
   std::mutex mu_;
   std::unordered_map<DevPtr, void *> blocks_;

@@ -5,7 +5,7 @@
 namespace pkv {
 
 WorkerPool::WorkerPool(uint32_t threads) {
-  for (uint32_t i = 1; i < threads; i++) workers_.emplace_back([this] { work_loop(); });
+  for (uint32_t i = 1; i < threads; i++) workers_.emplace_back([this, i] { work_loop(i); });
 }
 
 WorkerPool::~WorkerPool() {
@@ -18,13 +18,13 @@ WorkerPool::~WorkerPool() {
 }
 
 // Takes items until none is left; each finished item is counted so run() knows when to return.
-void WorkerPool::drain() {
+void WorkerPool::drain(uint32_t worker) {
   std::unique_lock<std::mutex> lock(mu_);
   while (next_ < n_) {
     const uint32_t i = next_++;
     lock.unlock();
     try {
-      (*fn_)(i);
+      (*fn_)(i, worker);
     } catch (...) {
       std::lock_guard<std::mutex> first(error_mu_);
       if (!error_) error_ = std::current_exception();
@@ -34,7 +34,7 @@ void WorkerPool::drain() {
   }
 }
 
-void WorkerPool::work_loop() {
+void WorkerPool::work_loop(uint32_t worker) {
   uint64_t seen = 0;
   for (;;) {
     {
@@ -43,14 +43,14 @@ void WorkerPool::work_loop() {
       if (stop_) return;
       seen = round_;
     }
-    drain();
+    drain(worker);
   }
 }
 
-void WorkerPool::run(uint32_t n, const std::function<void(uint32_t)> &fn) {
+void WorkerPool::run(uint32_t n, const std::function<void(uint32_t, uint32_t)> &fn) {
   if (n == 0) return;
   if (workers_.empty() || n == 1) {
-    for (uint32_t i = 0; i < n; i++) fn(i);
+    for (uint32_t i = 0; i < n; i++) fn(i, 0);
     return;
   }
   std::lock_guard<std::mutex> one_at_a_time(run_mu_);
@@ -63,7 +63,7 @@ void WorkerPool::run(uint32_t n, const std::function<void(uint32_t)> &fn) {
     round_++;
   }
   wake_.notify_all();
-  drain();
+  drain(0);
   std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [&] { return finished_ == n_; });
   fn_ = nullptr;

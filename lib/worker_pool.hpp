@@ -20,19 +20,21 @@ class WorkerPool {
   WorkerPool &operator=(const WorkerPool &) = delete;
 
   uint32_t threads() const { return uint32_t(workers_.size()) + 1; }
-  // Runs fn(i) for every i < n, spread over the threads; returns when all are done, rethrowing the
-  // first exception an item threw.
-  void run(uint32_t n, const std::function<void(uint32_t)> &fn);
+  // Runs fn(i, worker) for every i < n, spread over the threads (worker < threads(): which thread
+  // runs it, the caller being 0, so per-thread buffers can live in the caller's arrays rather than
+  // in thread_local objects, whose destructors MinGW runs after freeing their storage); returns when
+  // all are done, rethrowing the first exception an item threw.
+  void run(uint32_t n, const std::function<void(uint32_t item, uint32_t worker)> &fn);
 
  private:
-  void work_loop();
-  void drain();
+  void work_loop(uint32_t worker);
+  void drain(uint32_t worker);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable wake_, done_;
   std::mutex run_mu_; // one loop at a time
-  const std::function<void(uint32_t)> *fn_ = nullptr;
+  const std::function<void(uint32_t, uint32_t)> *fn_ = nullptr;
   uint32_t n_ = 0, next_ = 0, finished_ = 0;
   uint64_t round_ = 0;
   bool stop_ = false;
