@@ -33,15 +33,15 @@ float dot(const float *a, const float *b, uint32_t n) {
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-// One chunk of one sequence for the query rows of one KV head (every query token times every head
-// of the group): online softmax over blocks of tokens, giving the chunk's normalised output and its
-// log-sum-exp per row. Query token q sees positions below length - q_tokens + q + 1.
 // attend_chunk's buffers, one set per worker thread, kept between calls: once warm, a decode's
 // chunks allocate nothing.
 struct Scratch {
   std::vector<float> q, acc, keys, values, m, l, scores;
 };
 
+// One chunk of one sequence for the query rows of one KV head (every query token times every head
+// of the group): online softmax over blocks of tokens, giving the chunk's normalised output and its
+// log-sum-exp per row. Query token q sees positions below length - q_tokens + q + 1.
 struct ChunkTask {
   const PoolGeometry *g;
   const DecodeBatch *b;

@@ -51,9 +51,8 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 // The cheapest wins. One round of equal chunks fills the device exactly when the batch is uniform;
 // long sequences get proportionally more chunks, and short ones beside them stay whole.
 uint64_t choose_chunk_pages(const PlanRequest &req) {
-  std::vector<uint64_t> pages(req.count);
-  for (uint32_t b = 0; b < req.count; b++) pages[b] = pages_of(req.lengths[b], req.page_size);
-  std::vector<uint64_t> sorted = pages;
+  std::vector<uint64_t> sorted(req.count); // the sequences' pages, shortest first
+  for (uint32_t b = 0; b < req.count; b++) sorted[b] = pages_of(req.lengths[b], req.page_size);
   std::sort(sorted.begin(), sorted.end());
   const uint64_t longest = sorted.empty() ? 1 : std::max<uint64_t>(1, sorted.back());
   const uint64_t min_pages = pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size);
@@ -70,7 +69,7 @@ uint64_t choose_chunk_pages(const PlanRequest &req) {
   // The chunk that needs `cap` chunks at most, and those longer that keep another sequence whole.
   auto consider_all = [&](double rounds, uint64_t cap) {
     if (req.count > cap) return;
-    const uint64_t lo = shortest_chunk(pages, cap, min_pages, longest);
+    const uint64_t lo = shortest_chunk(sorted, cap, min_pages, longest);
     consider(rounds, lo);
     for (auto it = std::upper_bound(sorted.begin(), sorted.end(), lo); it != sorted.end();
          it = std::upper_bound(it, sorted.end(), *it))

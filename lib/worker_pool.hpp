@@ -22,8 +22,8 @@ class WorkerPool {
   uint32_t threads() const { return uint32_t(workers_.size()) + 1; }
   // Runs fn(i, worker) for every i < n, spread over the threads (worker < threads(): which thread
   // runs it, the caller being 0, so per-thread buffers can live in the caller's arrays rather than
-  // in thread_local objects, whose destructors MinGW runs after freeing their storage); returns when
-  // all are done, rethrowing the first exception an item threw.
+  // in thread_local objects: under MinGW their destructors crashed now and then at thread exit);
+  // returns when all are done, rethrowing the first exception an item threw.
   void run(uint32_t n, const std::function<void(uint32_t item, uint32_t worker)> &fn);
 
  private:
