@@ -22,6 +22,8 @@
 //    sequence, KV head and row tile), in chunk order, so results are the same bits every run.
 #include <math.h>
 
+#include <type_traits>
+
 #include "device_format.cuh"
 
 using namespace pkv_dev;
@@ -749,9 +751,10 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     const int tiles = int((n + TILE - 1) / TILE);
 
     // The page of token tid of tile `tile` (threads below TILE), and where its row lies there.
-    auto page_of = [&](int tile) {
+    // `full`: the tile is whole and in the chunk.
+    auto page_of = [&](int tile, bool full) {
       const uint32_t t = c.token_begin + tile * TILE + tid;
-      return tile < tiles && t < c.token_end ? table[t >> pool.page_shift] : pool.pages;
+      return full || (tile < tiles && t < c.token_end) ? table[t >> pool.page_shift] : pool.pages;
     };
     auto locate = [&](int tile, uint32_t page) {
       const uint32_t t = c.token_begin + tile * TILE + tid, first = t - tid % 8, in_page = pool.page_size - 1;
@@ -761,13 +764,13 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       return StageRow{layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0),
                       (h << pool.page_shift) + (t & in_page), valid + 2u * eighth}; // kNone, kRow or kEighth
     };
-    // Queues tile `tile` into its stage: warps 0-1 copy the K rows, warps 2-3 the V rows (the first
-    // row tile's warps; every thread commits, so the group counts agree).
-    auto issue = [&](int tile) {
-      if (tile < tiles) {
-        uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
-        const StageRow *rows = stage_rows[tile % M::NS];
-        uint64_t *bar = &stage_bar[tile % M::NS];
+    // Queues tile `tile` into its stage `slot`: warps 0-1 copy the K rows, warps 2-3 the V rows (the
+    // first row tile's warps; every thread commits, so the group counts agree).
+    auto issue = [&](int tile, int slot, bool in_chunk) {
+      if (in_chunk || tile < tiles) {
+        uint8_t *stage = smem + slot * M::stage_bytes;
+        const StageRow *rows = stage_rows[slot];
+        uint64_t *bar = &stage_bar[slot];
         if (tid < TILE) {
           if constexpr (KB) bulk_row<K>(stage, rows, 0, tid, bar);
           else copy_rows<K>(stage, rows, 0, pool.k.scale_offset, tid);
@@ -786,10 +789,10 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
 
     if (tid < TILE)
 #pragma unroll
-      for (int s = 0; s < M::NS; s++) stage_rows[s][tid] = locate(s, page_of(s));
+      for (int s = 0; s < M::NS; s++) stage_rows[s][tid] = locate(s, page_of(s, false));
     __syncthreads();
 #pragma unroll
-    for (int s = 0; s < M::NS - 1; s++) issue(s);
+    for (int s = 0; s < M::NS - 1; s++) issue(s, s, false);
 
     // While the first stages load: q as MMA fragments (word k of row r at T::q_slot(r, k)).
     if constexpr (K::quantized) {
@@ -834,24 +837,33 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       }
     }
 
-    for (int tile = 0; tile < tiles; tile++) {
-      issue(tile + M::NS - 1);
+    // Round `tile` computes stage `slot` (tile % NS) and queues tile + NS - 1 into `last`, the stage
+    // the round before freed. A plain round, whose tiles up to tile + NS are whole and in the chunk,
+    // checks nothing: with one warp a scheduler, a round takes as long as its instructions.
+    int slot = 0, last = M::NS - 1;
+    auto round = [&](int tile, auto plain_round) {
+      constexpr bool plain = decltype(plain_round)::value;
+      issue(tile + M::NS - 1, last, plain);
       // Tile + NS's pages, read while this tile computes; located into the slot this tile frees.
-      const uint32_t next_page = tid < TILE ? page_of(tile + M::NS) : 0;
+      const uint32_t next_page = tid < TILE ? page_of(tile + M::NS, plain) : 0;
       cp_async_wait<M::NS - 1>();
       if constexpr (KB || VB) {
-        mbar_wait(&stage_bar[tile % M::NS], (bar_parity >> (tile % M::NS)) & 1);
-        bar_parity ^= 1u << (tile % M::NS);
+        mbar_wait(&stage_bar[slot], (bar_parity >> slot) & 1);
+        bar_parity ^= 1u << slot;
       }
       __syncthreads();
-      const uint8_t *stage = smem + (tile % M::NS) * M::stage_bytes;
+      const uint8_t *stage = smem + slot * M::stage_bytes;
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
       acc.stage(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm,
                 c.token_begin + tile * TILE + T::Tok::warp_first(slice), c.token_end, visible, lane);
-      if (tid < TILE) stage_rows[tile % M::NS][tid] = locate(tile + M::NS, next_page);
+      if (tid < TILE) stage_rows[slot][tid] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
       __syncthreads(); // the stage is refilled next
-    }
+      last = slot, slot = slot + 1 == M::NS ? 0 : slot + 1;
+    };
+    int tile = 0;
+    for (; tile + M::NS + 1 < tiles; tile++) round(tile, std::true_type{});
+    for (; tile < tiles; tile++) round(tile, std::false_type{});
     cp_async_wait<0>();
 
     // Combine the warps through shared memory (the stages are free now).
