@@ -606,13 +606,10 @@ class GpuBackend final : public Backend {
     up.place(l.lengths, b.lengths, uint64_t(b.count) * 4);
     up.place(l.seq_chunks, plan.seq_chunks.data(), plan.seq_chunks.size() * 4);
     device_chunks_.clear();
-    for (uint32_t seq = 0; seq < b.count; seq++) {
-      const uint32_t first = plan.seq_chunks[seq], n = plan.seq_chunks[seq + 1] - first;
-      for (uint32_t i = first; i < first + n; i++) {
-        const DecodeChunk &c = plan.chunks[i];
-        device_chunks_.push_back({c.seq, c.token_begin, c.token_end, c.part, b.seq_slots[seq], b.lengths[seq],
-                                  plan.chunks[first].part, n});
-      }
+    for (const DecodeChunk &c : plan.chunks) {
+      const uint32_t first = plan.seq_chunks[c.seq], n = plan.seq_chunks[c.seq + 1] - first;
+      device_chunks_.push_back({c.seq, c.token_begin, c.token_end, c.part, b.seq_slots[c.seq], b.lengths[c.seq],
+                                plan.chunks[first].part, n});
     }
     up.place(l.chunks, device_chunks_.data(), device_chunks_.size() * sizeof(PkvChunk));
     send(up, g.plan);
