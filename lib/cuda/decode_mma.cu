@@ -212,7 +212,8 @@ template <uint32_t F, int D, bool SPREAD> struct Row {
   static constexpr uint32_t units = (data + scales + 15) / 16;
   static constexpr uint32_t stride = quantized ? (units % 2 ? units : units + 1) * 16 : data;
   static constexpr uint32_t block = quantized ? 8 * stride : 8 * stride + 16;
-  static constexpr uint32_t bytes = 8 * block; // as pkv_mma_part_bytes
+  static constexpr uint32_t bytes = 8 * block;
+  static_assert(bytes == pkv_mma_part_bytes(data + scales, quantized), "the host sizes shared memory alike");
   // Where the stage's token t lies in its part (quantized: its slot is SPREAD's inverse).
   __device__ static uint32_t of_token(uint32_t t) {
     if constexpr (!quantized) return t / 8 * block + t % 8 * stride;
