@@ -752,10 +752,10 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     const int tiles = int((n + TILE - 1) / TILE);
 
     // The page of token tid of tile `tile` (threads below TILE), and where its row lies there.
-    // `full`: the tile is whole and in the chunk.
-    auto page_of = [&](int tile, bool full) {
+    // `in_chunk`: the tile is whole and in the chunk.
+    auto page_of = [&](int tile, bool in_chunk) {
       const uint32_t t = c.token_begin + tile * TILE + tid;
-      return full || (tile < tiles && t < c.token_end) ? table[t >> pool.page_shift] : pool.pages;
+      return in_chunk || (tile < tiles && t < c.token_end) ? table[t >> pool.page_shift] : pool.pages;
     };
     auto locate = [&](int tile, uint32_t page) {
       const uint32_t t = c.token_begin + tile * TILE + tid, first = t - tid % 8, in_page = pool.page_size - 1;
