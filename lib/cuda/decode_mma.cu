@@ -14,9 +14,10 @@
 //  - Q8_0/Q4_0 K: q is quantized to int8 per 32-group once per item, in two parts (the second
 //    quantizes the first's error), and dotted as int8 (m16n8k32), scaled per (row, group) and
 //    (token, group) in fp32.
-//  - Q8_0/Q4_0 V: the integers go to the MMA exactly (bf16); each token's group scale multiplies P
-//    instead. A thread loads four consecutive values of a token with one 32-bit read, so the output
-//    columns of its four n-tiles are interleaved (column 4n + t); the final write undoes that.
+//  - Q8_0/Q4_0 V: the integers go to the MMA exactly (f16); each token's group scale multiplies P
+//    instead, and P is one f16 part where K is quantized too. A thread loads four consecutive values
+//    of a token with one 32-bit read, so the output columns of its four n-tiles are interleaved
+//    (column 4n + t); the final write undoes that.
 //  - scores are in log2 units (q pre-scaled by scale * log2 e); the warps' partial results combine in
 //    shared memory; a split sequence's last finishing chunk merges all its chunks (a counter per
 //    sequence, KV head and row tile), in chunk order, so results are the same bits every run.
@@ -165,25 +166,23 @@ template <bool F16> __device__ __forceinline__ void split_pair(float x, float y,
   }
   out[stride] = pack2<F16>(__fsub_rn(x, hx), __fsub_rn(y, hy));
 }
+// x and y in PARTS packed 16-bit parts: one rounded pair, or split_pair's two.
+template <bool F16, int PARTS> __device__ __forceinline__ void pair_parts(float x, float y, uint32_t *out, int stride) {
+  static_assert(PARTS == 1 || PARTS == 2, "one or two parts");
+  if constexpr (PARTS == 1) out[0] = pack2<F16>(x, y);
+  else split_pair<F16>(x, y, out, stride);
+}
 
-// bf16 pair of value i of quads a and b (as quad<F> gives them), exactly and without a conversion
-// instruction. Q8_0: 2^23 + u as a float has the byte u in its low mantissa bits, u the value plus
-// 128 (its sign bit flipped), so subtracting 2^23 + 128 gives the value as a float whose low 16 bits
-// are zero (|v| <= 128): its high half is the bf16. Q4_0 (stored value + 8, 0..15): bf16 0x43nn is
-// 128 + nn, so one byte permutation and one mask give both tokens' 136 + value, and one bf16
-// subtraction the values.
-template <uint32_t F> __device__ __forceinline__ uint32_t quad_pair_bf16(uint32_t a, uint32_t b, int i) {
-  if constexpr (F == Q8_0) {
-    const uint32_t sel = 0x5440u | uint32_t(i); // [byte i, 0, 0, 0x4b]
-    const float fa = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
-    const float fb = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4b00u, sel)) - 8388736.0f;
-    return __byte_perm(__float_as_uint(fa), __float_as_uint(fb), 0x7632);
-  } else {
-    const uint32_t sel = uint32_t(i) * 0x0011u + (uint32_t(i) + 4) * 0x1100u; // [a byte i, -, b byte i, -]
-    const uint32_t x = (__byte_perm(a, b, sel) & 0x00ff00ffu) | 0x43004300u;
-    const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162 *>(&x), __float2bfloat162_rn(136.0f));
-    return *reinterpret_cast<const uint32_t *>(&v);
-  }
+// f16 pair of value i of quads a and b (as quad<F> gives them), exactly and without a conversion
+// instruction: a byte permutation puts byte i of each in the low byte of a half, one logic operation
+// masks them and makes f16 0x64nn = 1024 + nn (Q8_0: the byte's sign bit flipped, nn = value + 128;
+// Q4_0: nn = stored value + 8), and one f16 subtraction leaves the values.
+template <uint32_t F> __device__ __forceinline__ uint32_t quad_pair_f16(uint32_t a, uint32_t b, int i) {
+  const uint32_t sel = uint32_t(i) * 0x0011u + (uint32_t(i) + 4) * 0x1100u; // [a byte i, -, b byte i, -]
+  const uint32_t x = (__byte_perm(a, b, sel) & 0x00ff00ffu) ^ (F == Q8_0 ? 0x64806480u : 0x64006400u);
+  const uint32_t bias = F == Q8_0 ? 0x64806480u : 0x64086408u; // 1152 (1024 + 128), 1032 (1024 + 8)
+  const __half2 v = __hsub2(*reinterpret_cast<const __half2 *>(&x), *reinterpret_cast<const __half2 *>(&bias));
+  return *reinterpret_cast<const uint32_t *>(&v);
 }
 
 constexpr bool quantized_format(uint32_t f) { return f == Q8_0 || f == Q4_0; }
@@ -379,6 +378,11 @@ template <int D, uint32_t KF, uint32_t VF> struct TileBase {
   using V = Row<VF, D, Tok::spread>;
   // Float operands that are not page values (q, P) go to the MMA as hi + lo parts, f16 or bf16.
   static constexpr int SPLIT = 2;
+  // P enters the MMA as f16 where V is quantized (its integers too) or F16, else bf16; in one part
+  // where K and V are quantized (q's and K's rounding move the logits far more than P's 11 bits do),
+  // else SPLIT.
+  static constexpr bool P_F16 = quantized_format(VF) || VF == F16;
+  static constexpr int P_PARTS = quantized_format(KF) && quantized_format(VF) ? 1 : SPLIT;
   enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
 };
 
@@ -386,7 +390,7 @@ template <int D, uint32_t KF, uint32_t VF> struct TileBase {
 // groups, speculative tokens): a thread holds rows gid, gid + 8.
 template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   using B = TileBase<D, KF, VF>;
-  using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::KSTEPS, B::GROUPS;
+  using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::P_F16, B::P_PARTS, B::KSTEPS, B::GROUPS;
   static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8;
   float o[NT][4], m[2], l[2];
 
@@ -480,16 +484,16 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
           vs[i] = V::scale(vrow(2 * tig + i % 2, i / 2), g);
           w[i] = quad<VF>(vrow(2 * tig + i % 2, i / 2), g, gid);
         }
-        uint32_t a[SPLIT][4];
-        split_pair<false>(s[0] * vs[0], s[1] * vs[1], &a[0][0], 4);
-        split_pair<false>(s[2] * vs[0], s[3] * vs[1], &a[0][1], 4);
-        split_pair<false>(s[4] * vs[2], s[5] * vs[3], &a[0][2], 4);
-        split_pair<false>(s[6] * vs[2], s[7] * vs[3], &a[0][3], 4);
+        uint32_t a[P_PARTS][4];
+        pair_parts<P_F16, P_PARTS>(s[0] * vs[0], s[1] * vs[1], &a[0][0], 4);
+        pair_parts<P_F16, P_PARTS>(s[2] * vs[0], s[3] * vs[1], &a[0][1], 4);
+        pair_parts<P_F16, P_PARTS>(s[4] * vs[2], s[5] * vs[3], &a[0][2], 4);
+        pair_parts<P_F16, P_PARTS>(s[6] * vs[2], s[7] * vs[3], &a[0][3], 4);
 #pragma unroll
         for (int t = 0; t < 4; t++) {
-          const uint32_t b0 = quad_pair_bf16<VF>(w[0], w[1], t), b1 = quad_pair_bf16<VF>(w[2], w[3], t);
+          const uint32_t b0 = quad_pair_f16<VF>(w[0], w[1], t), b1 = quad_pair_f16<VF>(w[2], w[3], t);
 #pragma unroll
-          for (int sp = 0; sp < SPLIT; sp++) mma16<false>(o[4 * g + t], a[sp], b0, b1);
+          for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[4 * g + t], a[sp], b0, b1);
         }
       }
     } else {
@@ -527,7 +531,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
 // operand through a register transpose (movmatrix) of each 8x8 half.
 template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
   using B = TileBase<D, KF, VF>;
-  using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::KSTEPS, B::GROUPS;
+  using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::P_F16, B::P_PARTS, B::KSTEPS, B::GROUPS;
   static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16;
   float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2
 
@@ -593,12 +597,12 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
 
     // O^T += V^T P^T. P^T's B-fragment (tokens 2 tig, + 1 (+ 8) of row gid) is the transpose of
     // what the thread holds, an 8x8 half (tokens gid or gid + 8) at a time, each split in two parts.
-    auto p_fragment = [&](float scale0, float scale1, uint32_t (&b)[SPLIT][2]) {
-      uint32_t x[SPLIT][2];
-      split_pair<VF == F16>(s[0] * scale0, s[1] * scale0, &x[0][0], 2);
-      split_pair<VF == F16>(s[2] * scale1, s[3] * scale1, &x[0][1], 2);
+    auto p_fragment = [&](float scale0, float scale1, uint32_t (&b)[P_PARTS][2]) {
+      uint32_t x[P_PARTS][2];
+      pair_parts<P_F16, P_PARTS>(s[0] * scale0, s[1] * scale0, &x[0][0], 2);
+      pair_parts<P_F16, P_PARTS>(s[2] * scale1, s[3] * scale1, &x[0][1], 2);
 #pragma unroll
-      for (int sp = 0; sp < SPLIT; sp++)
+      for (int sp = 0; sp < P_PARTS; sp++)
 #pragma unroll
         for (int h = 0; h < 2; h++) b[sp][h] = transpose8x8(x[sp][h]);
     };
@@ -608,29 +612,29 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
       const uint8_t *v_tok[4] = {vrow(2 * tig, 0), vrow(2 * tig + 1, 0), vrow(2 * tig, 1), vrow(2 * tig + 1, 1)};
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
-        uint32_t b[SPLIT][2];
+        uint32_t b[P_PARTS][2];
         p_fragment(V::scale(vrow(gid, 0), g), V::scale(vrow(gid, 1), g), b);
         uint32_t w[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) w[i] = quad<VF>(v_tok[i], g, gid);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-          const uint32_t a[4] = {quad_pair_bf16<VF>(w[0], w[1], 2 * u), quad_pair_bf16<VF>(w[0], w[1], 2 * u + 1),
-                                 quad_pair_bf16<VF>(w[2], w[3], 2 * u), quad_pair_bf16<VF>(w[2], w[3], 2 * u + 1)};
+          const uint32_t a[4] = {quad_pair_f16<VF>(w[0], w[1], 2 * u), quad_pair_f16<VF>(w[0], w[1], 2 * u + 1),
+                                 quad_pair_f16<VF>(w[2], w[3], 2 * u), quad_pair_f16<VF>(w[2], w[3], 2 * u + 1)};
 #pragma unroll
-          for (int sp = 0; sp < SPLIT; sp++) mma16<false>(o[2 * g + u], a, b[sp][0], b[sp][1]);
+          for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[2 * g + u], a, b[sp][0], b[sp][1]);
         }
       }
     } else {
       constexpr bool f16 = VF == F16;
-      uint32_t b[SPLIT][2];
+      uint32_t b[P_PARTS][2];
       p_fragment(1.0f, 1.0f, b);
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         uint32_t a[4]; // values +0 / +8 (lanes 8-15, 24-31) of tokens 0-7 / 8-15 (lanes 16-31), transposed
         ldmatrix_x4_trans(a, vrow(lane % 8, lane / 16) + (16 * mt + 8 * ((lane / 8) % 2)) * 2);
 #pragma unroll
-        for (int sp = 0; sp < SPLIT; sp++) mma16<f16>(o[mt], a, b[sp][0], b[sp][1]);
+        for (int sp = 0; sp < P_PARTS; sp++) mma16<f16>(o[mt], a, b[sp][0], b[sp][1]);
       }
     }
   }
