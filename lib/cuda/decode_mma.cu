@@ -36,6 +36,13 @@ constexpr int SUB = PKV_MMA_TOKENS;   // tokens per warp per stage
 constexpr int TILE = WARPS * SUB;     // tokens per stage
 static_assert(THREADS == 2 * TILE, "a row tile's threads copy a stage: half K rows, half V rows");
 
+// Calls f with std::integral_constant<uint32_t, E> for the least power of two E (from E0, at most MAX)
+// that is at least need.
+template <uint32_t E0, uint32_t MAX, class F> __device__ __forceinline__ void with_pow2(uint32_t need, F &&f) {
+  if constexpr (E0 < MAX)
+    if (need > E0) return with_pow2<2 * E0, MAX>(need, f);
+  f(std::integral_constant<uint32_t, E0>{});
+}
 __device__ __forceinline__ void cp_async_zfill(void *smem, const void *global, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;
@@ -658,7 +665,8 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? 2 * GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
-  static constexpr uint32_t combine_bytes = 2 * (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4; // 2 row tiles
+  static constexpr uint32_t combine_tile_bytes = (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4;
+  static constexpr uint32_t combine_bytes = 2 * combine_tile_bytes; // 2 row tiles
   static constexpr uint32_t loop_bytes = NS * stage_bytes + 2 * q_bytes;
   // The most the host reserves (two row tiles; mma_shared_bytes in gpu_backend.cpp).
   static constexpr uint32_t shared_bytes = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
@@ -673,6 +681,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
   __shared__ int s_last;
+  __shared__ float merge_rows[2][2 * PKV_MMA_ROWS]; // the merge's per row: rescale (then sum), top
   __shared__ StageRow stage_rows[M::NS][TILE];
   // Bulk copies: a stage's mbarrier; each copying thread arrives once per use.
   constexpr bool KB = kBulkCopies && !K::quantized, VB = kBulkCopies && !V::quantized;
@@ -947,49 +956,103 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       }
       __syncthreads();
       if (s_last) {
+        // A batch of chunks at a time (all of them, unless shared memory is short): their lse values
+        // are loaded together, each row's weights computed once against the largest lse so far (what
+        // was folded before is rescaled to it) and kept in shared memory; then a thread folds four
+        // consecutive values of each of its rows over the batch, in chunk order (the same bits every
+        // run), U chunks' loads of all its values in flight at once, the first U's alongside the lse
+        // loads. One block merges, so its instructions and round trips are the merge's cost (a
+        // weight for every value and 16 chunks of one value at a time had cost head_dim 256 1x32K
+        // 9% of its time, docs/perf/2026-12-02-h200-cuda-merge.md).
         const float *part_out = reinterpret_cast<const float *>(p.part_out);
         const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
-        // A thread takes four consecutive values of a row (16-byte loads) and folds the chunks in, in
-        // chunk order, MERGE at a time: their loads go out together (the merge is latency-bound), then
-        // what is folded so far is rescaled once to the group's largest lse.
-        constexpr uint32_t MERGE = 16;
-        for (uint32_t e = tid; e < my_rows * D / 4; e += threads) {
-          const uint32_t r = e / (D / 4), d = e % (D / 4) * 4;
-          const uint64_t head = q_head(r), in_seq = head - uint64_t(c.seq) * p.q_tokens * p.q_heads;
-          // Chunk k's partial row at lse[k * stride], out[k * stride * D + d].
-          const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads, at = first_part * stride + in_seq;
-          const float *lse = part_lse + at;
-          const float4 *out = reinterpret_cast<const float4 *>(part_out + at * D + d);
-          float top = -INFINITY, sum = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          for (uint32_t k0 = 0; k0 < chunks_of_seq; k0 += MERGE) {
-            float l[MERGE];
-            float4 v[MERGE];
+        constexpr uint32_t V4 = D / 4, EPT = M::ROWS * V4 / THREADS; // float4s a row, most a thread folds
+        const uint32_t values = my_rows * V4;
+        // Chunk k's partial row r: lse at part_lse[(first_part + k) * stride + in_seq(r)], values at
+        // part_out[that * D].
+        const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads;
+        auto in_seq = [&](uint32_t r) { return q_head(r) - uint64_t(c.seq) * stride; };
+        const uint32_t batch = max(M::NS * M::stage_bytes, MT * M::combine_tile_bytes) / (my_rows * 4);
+        float *bw = reinterpret_cast<float *>(smem); // [batch][my_rows]: lse, then weights
+        // E float4s a thread (as few as the rows need: a small group has more chunks in flight), U
+        // chunks' loads of each at once.
+        auto merge = [&](auto ept) {
+          constexpr uint32_t E = decltype(ept)::value, U = (D == 256 ? 32 : 16) / E;
+          float acc[E][4] = {};
+          float top = -INFINITY, sum = 0.0f; // of row tid (threads below my_rows)
+          for (uint32_t k0 = 0; k0 < chunks_of_seq; k0 += batch) {
+            const uint32_t n = min(batch, chunks_of_seq - k0);
+            const float4 *src[E];
+            uint32_t row[E];
+            bool mine[E];
 #pragma unroll
-            for (uint32_t j = 0; j < MERGE; j++) {
-              const bool in = k0 + j < chunks_of_seq;
-              l[j] = in ? __ldcg(lse + (k0 + j) * stride) : -INFINITY;
-              v[j] = in ? __ldcg(out + (k0 + j) * stride * (D / 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (uint32_t j = 0; j < E; j++) {
+              const uint32_t e = min(tid + j * threads, values - 1), r = e / V4;
+              row[j] = r, mine[j] = tid + j * threads < values;
+              src[j] = reinterpret_cast<const float4 *>(part_out + ((first_part + k0) * stride + in_seq(r)) * D) + e % V4;
             }
-            float next = top;
+            float4 v[E][U];
+            auto load = [&](uint32_t k1) {
 #pragma unroll
-            for (uint32_t j = 0; j < MERGE; j++) next = fmaxf(next, l[j]);
-            const float rescale = top == -INFINITY ? 0.0f : expf(top - next); // 1 when the top stays
-            sum *= rescale;
+              for (uint32_t u = 0; u < U; u++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[i] *= rescale;
-#pragma unroll
-            for (uint32_t j = 0; j < MERGE; j++) { // an empty chunk (lse -inf) weighs 0
-              const float weight = l[j] == -INFINITY ? 0.0f : expf(l[j] - next);
-              sum += weight;
-              acc[0] += weight * v[j].x, acc[1] += weight * v[j].y, acc[2] += weight * v[j].z, acc[3] += weight * v[j].w;
+                for (uint32_t j = 0; j < E; j++)
+                  v[j][u] = mine[j] && k1 + u < n ? __ldcg(src[j] + (k1 + u) * stride * V4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            };
+            load(0); // in flight with the lse loads: the weights wait on one round trip with the values
+            for (uint32_t i = tid; i < n * my_rows; i += threads)
+              bw[i] = __ldcg(part_lse + (first_part + k0 + i / my_rows) * stride + in_seq(i % my_rows));
+            __syncthreads();
+            if (tid < my_rows) {
+              float next = top;
+              for (uint32_t k = 0; k < n; k++) next = fmaxf(next, bw[k * my_rows + tid]);
+              merge_rows[0][tid] = top == -INFINITY ? 0.0f : expf(top - next); // 1 when the top stays
+              merge_rows[1][tid] = top = next;
             }
-            top = next;
+            __syncthreads();
+            for (uint32_t i = tid; i < n * my_rows; i += threads) { // an empty chunk (lse -inf) weighs 0
+              const float l = bw[i];
+              bw[i] = l == -INFINITY ? 0.0f : expf(l - merge_rows[1][i % my_rows]);
+            }
+            __syncthreads();
+            if (tid < my_rows) {
+              sum *= merge_rows[0][tid];
+              for (uint32_t k = 0; k < n; k++) sum += bw[k * my_rows + tid];
+            }
+#pragma unroll
+            for (uint32_t j = 0; j < E; j++) {
+              const float rescale = merge_rows[0][row[j]];
+#pragma unroll
+              for (int i = 0; i < 4; i++) acc[j][i] *= rescale;
+            }
+            for (uint32_t k1 = 0; k1 < n; k1 += U) {
+              if (k1) load(k1);
+#pragma unroll
+              for (uint32_t u = 0; u < U; u++)
+#pragma unroll
+                for (uint32_t j = 0; j < E; j++) {
+                  const float weight = k1 + u < n ? bw[(k1 + u) * my_rows + row[j]] : 0.0f;
+                  acc[j][0] += weight * v[j][u].x, acc[j][1] += weight * v[j][u].y;
+                  acc[j][2] += weight * v[j][u].z, acc[j][3] += weight * v[j][u].w;
+                }
+            }
+            __syncthreads(); // the next batch overwrites bw and merge_rows
           }
+          if (tid < my_rows) merge_rows[0][tid] = sum, merge_rows[1][tid] = top;
+          __syncthreads();
 #pragma unroll
-          for (int i = 0; i < 4; i++)
-            store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d + i, sum > 0.0f ? acc[i] / sum : 0.0f);
-          if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = sum > 0.0f ? top + logf(sum) : -INFINITY;
-        }
+          for (uint32_t j = 0; j < E; j++) {
+            const uint32_t e = tid + j * threads, r = e / V4, d = e % V4 * 4;
+            if (e >= values) break;
+            const float total = merge_rows[0][r];
+            const uint64_t head = q_head(r);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+              store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d + i, total > 0.0f ? acc[j][i] / total : 0.0f);
+            if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = total > 0.0f ? merge_rows[1][r] + logf(total) : -INFINITY;
+          }
+        };
+        with_pow2<1, EPT>((values + threads - 1) / threads, merge);
       }
     }
     if constexpr (KB || VB) fence_proxy_async();
