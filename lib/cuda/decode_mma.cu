@@ -974,12 +974,21 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         auto in_seq = [&](uint32_t r) { return q_head(r) - uint64_t(c.seq) * stride; };
         const uint32_t batch = max(M::NS * M::stage_bytes, MT * M::combine_tile_bytes) / (my_rows * 4);
         float *bw = reinterpret_cast<float *>(smem); // [batch][my_rows]: lse, then weights
+        // A row's weights: G threads (a power of two, at most a warp, as many as the block has for
+        // each row) take its chunks in turn and combine by shuffles, so a batch costs n / G steps.
+        const uint32_t G = min(32u, 1u << (31 - __clz(uint32_t(threads) / my_rows)));
+        const uint32_t wk = tid % G, wr = min(tid / G, my_rows - 1);
+        const bool w_mine = tid / G < my_rows;
+        auto group_reduce = [&](float x, auto op) {
+          for (uint32_t o = G / 2; o > 0; o /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+          return x;
+        };
         // E float4s a thread (as few as the rows need: a small group has more chunks in flight), U
         // chunks' loads of each at once.
         auto merge = [&](auto ept) {
           constexpr uint32_t E = decltype(ept)::value, U = (D == 256 ? 32 : 16) / E;
           float acc[E][4] = {};
-          float top = -INFINITY, sum = 0.0f; // of row tid (threads below my_rows)
+          float top = -INFINITY, sum = 0.0f; // of row wr, in each of its G threads
           for (uint32_t k0 = 0; k0 < chunks_of_seq; k0 += batch) {
             const uint32_t n = min(batch, chunks_of_seq - k0);
             const float4 *src[E];
@@ -1003,22 +1012,19 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
             for (uint32_t i = tid; i < n * my_rows; i += threads)
               bw[i] = __ldcg(part_lse + (first_part + k0 + i / my_rows) * stride + in_seq(i % my_rows));
             __syncthreads();
-            if (tid < my_rows) {
-              float next = top;
-              for (uint32_t k = 0; k < n; k++) next = fmaxf(next, bw[k * my_rows + tid]);
-              merge_rows[0][tid] = top == -INFINITY ? 0.0f : expf(top - next); // 1 when the top stays
-              merge_rows[1][tid] = top = next;
+            float next = top, part = 0.0f;
+            for (uint32_t k = wk; k < n; k += G) next = fmaxf(next, bw[k * my_rows + wr]);
+            next = group_reduce(next, [](float a, float b) { return fmaxf(a, b); });
+            for (uint32_t k = wk; k < n && w_mine; k += G) { // an empty chunk (lse -inf) weighs 0
+              const float l = bw[k * my_rows + wr], weight = l == -INFINITY ? 0.0f : expf(l - next);
+              bw[k * my_rows + wr] = weight;
+              part += weight;
             }
+            const float rescale = top == -INFINITY ? 0.0f : expf(top - next); // 1 when the top stays
+            sum = sum * rescale + group_reduce(part, [](float a, float b) { return a + b; });
+            top = next;
+            if (wk == 0 && w_mine) merge_rows[0][wr] = rescale;
             __syncthreads();
-            for (uint32_t i = tid; i < n * my_rows; i += threads) { // an empty chunk (lse -inf) weighs 0
-              const float l = bw[i];
-              bw[i] = l == -INFINITY ? 0.0f : expf(l - merge_rows[1][i % my_rows]);
-            }
-            __syncthreads();
-            if (tid < my_rows) {
-              sum *= merge_rows[0][tid];
-              for (uint32_t k = 0; k < n; k++) sum += bw[k * my_rows + tid];
-            }
 #pragma unroll
             for (uint32_t j = 0; j < E; j++) {
               const float rescale = merge_rows[0][row[j]];
@@ -1038,7 +1044,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
             }
             __syncthreads(); // the next batch overwrites bw and merge_rows
           }
-          if (tid < my_rows) merge_rows[0][tid] = sum, merge_rows[1][tid] = top;
+          if (wk == 0 && w_mine) merge_rows[0][wr] = sum, merge_rows[1][wr] = top;
           __syncthreads();
 #pragma unroll
           for (uint32_t j = 0; j < E; j++) {
