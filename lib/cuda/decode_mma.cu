@@ -963,7 +963,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         // run), U chunks' loads of all its values in flight at once, the first U's alongside the lse
         // loads. One block merges, so its instructions and round trips are the merge's cost (a
         // weight for every value and 16 chunks of one value at a time had cost head_dim 256 1x32K
-        // 9% of its time, docs/perf/2026-12-02-h200-cuda-merge.md).
+        // 8% of its time, docs/perf/2026-12-02-h200-cuda-merge.md).
         const float *part_out = reinterpret_cast<const float *>(p.part_out);
         const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
         constexpr uint32_t V4 = D / 4, EPT = M::ROWS * V4 / THREADS; // float4s a row, most a thread folds
