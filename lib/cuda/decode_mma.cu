@@ -36,13 +36,6 @@ constexpr int SUB = PKV_MMA_TOKENS;   // tokens per warp per stage
 constexpr int TILE = WARPS * SUB;     // tokens per stage
 static_assert(THREADS == 2 * TILE, "a row tile's threads copy a stage: half K rows, half V rows");
 
-// Calls f with std::integral_constant<uint32_t, E> for the least power of two E (from E0, at most MAX)
-// that is at least need.
-template <uint32_t E0, uint32_t MAX, class F> __device__ __forceinline__ void with_pow2(uint32_t need, F &&f) {
-  if constexpr (E0 < MAX)
-    if (need > E0) return with_pow2<2 * E0, MAX>(need, f);
-  f(std::integral_constant<uint32_t, E0>{});
-}
 __device__ __forceinline__ void cp_async_zfill(void *smem, const void *global, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;
@@ -983,8 +976,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
           for (uint32_t o = G / 2; o > 0; o /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
           return x;
         };
-        // E float4s a thread (as few as the rows need: a small group has more chunks in flight), U
-        // chunks' loads of each at once.
+        // E float4s a thread, U chunks' loads of each at once: one where the rows' values fit the
+        // threads (a small group: more chunks in flight), else the most a thread may hold.
         auto merge = [&](auto ept) {
           constexpr uint32_t E = decltype(ept)::value, U = (D == 256 ? 32 : 16) / E;
           float acc[E][4] = {};
@@ -1058,7 +1051,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
             if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = total > 0.0f ? merge_rows[1][r] + logf(total) : -INFINITY;
           }
         };
-        with_pow2<1, EPT>((values + threads - 1) / threads, merge);
+        if (values <= uint32_t(threads)) merge(std::integral_constant<uint32_t, 1>{});
+        else merge(std::integral_constant<uint32_t, EPT>{});
       }
     }
     if constexpr (KB || VB) fence_proxy_async();
