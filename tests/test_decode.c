@@ -115,14 +115,12 @@ typedef struct shape {
   float scale;            /* 0: 1/sqrt(head_dim) */
 } shape;
 
-static int quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
-
 /* Split-K plans against the unsplit decode: the same arithmetic up to the order of the merge, so
  * float32 rounding only; outputs rounded to F16/BF16 may then land one ulp apart. Where K and V are
  * both quantized a GPU backend may round the softmax weights to f16 (half an ulp: 2^-12), each chunk
  * against its own running max, so a split and an unsplit weight may differ by two such roundings. */
 static double split_out_tol(const shape *s) {
-  const double weights = quantized(s->k) && quantized(s->v) ? ldexp(1.0, -11) : 0.0;
+  const double weights = tu_quantized(s->k) && tu_quantized(s->v) ? ldexp(1.0, -11) : 0.0;
   return 1e-5 + weights + 2.0 * out_rounding(s->out);
 }
 #define SPLIT_LSE_TOL 1e-5

@@ -23,8 +23,6 @@ static const pkv_format io_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORM
 #define N_IO 3
 #define GUARD 64 /* bytes past a row that a converter must leave alone */
 
-static int is_quant(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
-
 static size_t ref_row_bytes(pkv_format f, size_t n) {
   switch (f) {
   case PKV_FORMAT_F32: return 4 * n;
@@ -103,7 +101,7 @@ static int elem_is_nan(pkv_format f, const unsigned char *buf, size_t i) {
 /* Encodings must match byte for byte, except that a NaN may carry any payload (NaN stays NaN). */
 static void assert_same_encoding(pkv_format f, const unsigned char *got, const unsigned char *want, size_t n,
                                  const char *what) {
-  if (is_quant(f)) {
+  if (tu_quantized(f)) {
     size_t bytes = ref_row_bytes(f, n), blk = f == PKV_FORMAT_Q8_0 ? 34 : 18;
     for (size_t i = 0; i < bytes; i++) {
       if (got[i] != want[i]) {

@@ -126,6 +126,8 @@ void tu_dequantize_q4_0(const tu_q4_0 *b, float *x) {
   }
 }
 
+int tu_quantized(pkv_format format) { return format == PKV_FORMAT_Q8_0 || format == PKV_FORMAT_Q4_0; }
+
 void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst) {
   for (size_t g = 0; g < n; g += 32) {
     switch (format) {

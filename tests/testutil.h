@@ -39,6 +39,9 @@ void tu_quantize_q4_0(const float *x, tu_q4_0 *out);
 void tu_dequantize_q8_0(const tu_q8_0 *b, float *x);
 void tu_dequantize_q4_0(const tu_q4_0 *b, float *x);
 
+/* Whether format is one of ggml's block-quantized ones (Q8_0, Q4_0). */
+int tu_quantized(pkv_format format);
+
 /* The value a page of `format` stores for a row of n floats (n a multiple of 32 for Q8_0/Q4_0):
  * what decode must see. */
 void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst);
