@@ -596,7 +596,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
         });
 
     // O^T += V^T P^T. P^T's B-fragment (tokens 2 tig, + 1 (+ 8) of row gid) is the transpose of
-    // what the thread holds, an 8x8 half (tokens gid or gid + 8) at a time, each split in two parts.
+    // what the thread holds, an 8x8 half (tokens gid or gid + 8) at a time, in P_PARTS parts each.
     auto p_fragment = [&](float scale0, float scale1, uint32_t (&b)[P_PARTS][2]) {
       uint32_t x[P_PARTS][2];
       pair_parts<P_F16, P_PARTS>(s[0] * scale0, s[1] * scale0, &x[0][0], 2);
