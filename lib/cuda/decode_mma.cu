@@ -13,11 +13,12 @@
 //    each multiplied against the exact page values.
 //  - Q8_0/Q4_0 K: q is quantized to int8 per 32-group once per item, in two parts (the second
 //    quantizes the first's error), and dotted as int8 (m16n8k32), scaled per (row, group) and
-//    (token, group) in fp32.
+//    (token, group) in fp32. Matrix loads give the K bytes in the MMA's layout.
 //  - Q8_0/Q4_0 V: the integers go to the MMA exactly (f16); each token's group scale multiplies P
-//    instead, and P is one f16 part where K is quantized too. A thread loads four consecutive values
-//    of a token with one 32-bit read, so the output columns of its four n-tiles are interleaved
-//    (column 4n + t); the final write undoes that.
+//    instead, and P is one f16 part where K is quantized too (then scaled in f16). Transposing
+//    matrix loads give each thread two tokens' bytes of a few values, which become f16 pairs by a
+//    logic operation and a subtraction; the output columns follow those values (v_value), and the
+//    final write puts them in place.
 //  - scores are in log2 units (q pre-scaled by scale * log2 e); the warps' partial results combine in
 //    shared memory; a split sequence's last finishing chunk merges all its chunks (a counter per
 //    sequence, KV head and row tile), in chunk order, so results are the same bits every run.
@@ -92,17 +93,23 @@ __device__ __forceinline__ uint32_t atomic_add_acq_rel(uint32_t *p, uint32_t v) 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
+// N (2 or 4) 8x8 matrices of 16-bit values, lanes 8i .. 8i + 7 giving the rows of matrix i: lane
+// (g, t) receives row g, columns 2t, 2t + 1 of each, or with TRANS rows 2t, 2t + 1 of column g.
+template <int N, bool TRANS> __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void *smem) {
+  static_assert(N == 2 || N == 4, "two or four matrices");
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+  if constexpr (N == 4 && TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else if constexpr (N == 4)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 }
 
 // The transpose of an 8x8 matrix of 16-bit pairs held as one fragment (lane (g, t): row g, columns
@@ -173,18 +180,6 @@ template <bool F16, int PARTS> __device__ __forceinline__ void pair_parts(float 
   else split_pair<F16>(x, y, out, stride);
 }
 
-// f16 pair of value i of quads a and b (as quad<F> gives them), exactly and without a conversion
-// instruction: a byte permutation puts byte i of each in the low byte of a half, one logic operation
-// masks them and makes f16 0x64nn = 1024 + nn (Q8_0: the byte's sign bit flipped, nn = value + 128;
-// Q4_0: nn = stored value + 8), and one f16 subtraction leaves the values.
-template <uint32_t F> __device__ __forceinline__ uint32_t quad_pair_f16(uint32_t a, uint32_t b, int i) {
-  const uint32_t sel = uint32_t(i) * 0x0011u + (uint32_t(i) + 4) * 0x1100u; // [a byte i, -, b byte i, -]
-  const uint32_t x = (__byte_perm(a, b, sel) & 0x00ff00ffu) ^ (F == Q8_0 ? 0x64806480u : 0x64006400u);
-  const uint32_t bias = F == Q8_0 ? 0x64806480u : 0x64086408u; // 1152 (1024 + 128), 1032 (1024 + 8)
-  const __half2 v = __hsub2(*reinterpret_cast<const __half2 *>(&x), *reinterpret_cast<const __half2 *>(&bias));
-  return *reinterpret_cast<const uint32_t *>(&v);
-}
-
 constexpr bool quantized_format(uint32_t f) { return f == Q8_0 || f == Q4_0; }
 
 // Which of a stage's TILE tokens the warps' MMA rows take. SPREAD (K or V rows are float): the eight
@@ -200,13 +195,14 @@ template <bool SPREAD> struct Tokens {
 };
 
 template <uint32_t F, int D, bool SPREAD> struct Row {
-  static constexpr bool quantized = quantized_format(F);
+  static constexpr uint32_t format = F;
+  static constexpr bool quantized = quantized_format(format);
   static constexpr uint32_t data = F == Q8_0 ? D : F == Q4_0 ? D / 2 : 2 * D;
   static constexpr uint32_t scales = quantized ? D / 32 * 2 : 0;
   // Float rows as the page holds them, by token, in blocks of 8 (an eighth of the stage, often 8
   // rows of one page, copied whole) each followed by 16 bytes of padding: the eight rows a matrix
   // load reads are in eight blocks, so in different banks. Quantized rows (data then scales, padded
-  // to an odd number of 16-byte units, so the 8 rows a quad of lanes reads fall in different banks)
+  // to an odd number of 16-byte units, so the 8 rows a matrix load reads fall in different banks)
   // by MMA row: warp w's row m at slot 16 w + m.
   static constexpr uint32_t units = (data + scales + 15) / 16;
   static constexpr uint32_t stride = quantized ? (units % 2 ? units : units + 1) * 16 : data;
@@ -231,21 +227,62 @@ template <uint32_t F, int D, bool SPREAD> struct Row {
   }
 };
 
-// The four values [4i, 4i + 4) of group `group` as bytes of one word: Q8_0's signed bytes; for Q4_0
-// values 4(i % 4) .. + 3 of the group's low (i < 4) or high (i >= 4) half as stored, each its value
-// plus 8 (0..15): the dot product with q subtracts 8 times q's sum instead (q_bias).
-template <uint32_t F> __device__ __forceinline__ uint32_t quad(const uint8_t *row, int group, int i) {
-  if constexpr (F == Q8_0) {
-    return *reinterpret_cast<const uint32_t *>(row + group * 32 + 4 * i);
+// A warp's 16 quantized rows (R) of one 32-value group by matrix loads: w[h][i] holds bytes
+// [16 i, 16 i + 16) of the group (Q8_0; Q4_0's group is its 16 bytes, i = 0) of MMA rows 8h .. 8h + 7;
+// lane (c, t) gets bytes 4t .. 4t + 3 of row c, or TRANS, bytes 2c, 2c + 1 of rows 2t and 2t + 1
+// (the first row's in the low half). Q4_0 byte j holds value j in its low nibble and value j + 16 in
+// its high one, each stored plus 8.
+template <class R, bool TRANS>
+__device__ __forceinline__ void group_words(const uint8_t *rows, int g, int lane, uint32_t (&w)[2][2]) {
+  const uint8_t *row = R::row(rows, lane % 8, (lane / 8) % 2);
+  if constexpr (R::format == Q8_0) { // two matrices a row
+    uint32_t x[4];
+    ldmatrix<4, TRANS>(x, row + 32 * g + 16 * (lane / 16));
+    w[0][0] = x[0], w[1][0] = x[1], w[0][1] = x[2], w[1][1] = x[3];
   } else {
-    const uint32_t w = *reinterpret_cast<const uint32_t *>(row + group * 16 + 4 * (i % 4));
-    return (i < 4 ? w : w >> 4) & 0x0f0f0f0fu;
+    uint32_t x[2];
+    ldmatrix<2, TRANS>(x, row + 16 * g);
+    w[0][0] = x[0], w[1][0] = x[1], w[0][1] = w[1][1] = 0;
   }
 }
+// K as int8 MMA operands: w[h][i] holds values 16 i + 4t .. 16 i + 4t + 3 of MMA row c + 8h, a byte
+// each (Q4_0: 0..15; the dot product subtracts 8 times q's sum instead).
+template <class R> __device__ __forceinline__ void k_group(const uint8_t *rows, int g, int lane, uint32_t (&w)[2][2]) {
+  group_words<R, false>(rows, g, lane, w);
+  if constexpr (R::format == Q4_0)
+#pragma unroll
+    for (int h = 0; h < 2; h++) w[h][1] = (w[h][0] >> 4) & 0x0f0f0f0fu, w[h][0] &= 0x0f0f0f0fu;
+}
+// V: value v_value(c, j) of the tokens in group_words<R, true>'s w[h] as an f16 pair, exactly and
+// without a conversion instruction: one logic operation puts the value into an f16 whose mantissa
+// counts it (0x64nn = 1024 + nn: Q8_0 its byte with the sign bit flipped, nn = value + 128; a low
+// Q4_0 nibble n; 0x54n0 = 64 + n for a high nibble left in place: 64's mantissa counts sixteenths),
+// one f16 subtraction leaves the value.
+template <uint32_t F> __device__ __forceinline__ uint32_t v_pair_f16(const uint32_t (&w)[2], int j) {
+  const uint32_t x = (F == Q8_0 ? w[j % 2] : w[0]) >> (8 * (j / 2));
+  uint32_t y, bias;
+  if (F == Q8_0) y = (x & 0x00ff00ffu) ^ 0x64806480u, bias = 0x64806480u; // 1152 = 1024 + 128
+  else if (j % 2 == 0) y = (x & 0x000f000fu) | 0x64006400u, bias = 0x64086408u; // 1032 = 1024 + 8
+  else y = (x & 0x00f000f0u) | 0x54005400u, bias = 0x54805480u;               // 72 = 64 + 8
+  const __half2 v = __hsub2(*reinterpret_cast<const __half2 *>(&y), *reinterpret_cast<const __half2 *>(&bias));
+  return *reinterpret_cast<const uint32_t *>(&v);
+}
+// Which of its group's values v_pair_f16(w, j) gives the thread with c = lane / 4.
+__device__ __forceinline__ int v_value(int c, int j) { return 2 * c + 16 * (j % 2) + j / 2; }
 
-// The output column of accumulator column n of n-tile t within a group (quantized V interleaving).
-template <uint32_t F> __device__ __forceinline__ int quad_column(int n, int t) {
-  return F == Q8_0 ? 4 * n + t : (n / 4) * 16 + 4 * (n % 4) + t;
+// Each pair of tokens' V scales for group c (= lane / 4) where group_words' words hold the tokens'
+// values: s[h] = (scale of token 2t (+ 8h), of 2t + 1), an f16 pair; a group's pairs are then a
+// shuffle away (group_scales).
+template <class R> __device__ __forceinline__ void pair_scales(const uint8_t *rows, int lane, uint32_t (&s)[2]) {
+  static_assert(R::scales <= 16, "one matrix row holds a row's scales");
+  ldmatrix<2, true>(s, R::row(rows, lane % 8, (lane / 8) % 2) + R::data);
+}
+__device__ __forceinline__ uint32_t group_scales(uint32_t s, int g, int lane) {
+  return __shfl_sync(0xffffffffu, s, 4 * g + lane % 4);
+}
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  const __half2 v = __hmul2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&b));
+  return *reinterpret_cast<const uint32_t *>(&v);
 }
 
 // Where token t0 + r of a stage lies: the part of its page in the layer (the layer's first part
@@ -399,6 +436,12 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   // Word `reg` of lane (g, t) holds row g + 8 (reg & 1), values 2t, 2t + 1 (+ 8 when reg >= 2) of a
   // 16-wide k-step; for int8 k32 steps 4t .. 4t + 3 (+ 16).
   __device__ static int q_slot(int r, int k) { return ((r % 8) * 4 + k % 4) * QW + r / 8 + 2 * (k / 4); }
+  // Quantized K: where word `slot` (q_slot) of part `part` of group g's q fragment lies: by part, then
+  // lane (a lane's words one 16-byte read, a warp's reads contiguous); the rows whose q scales a
+  // thread reads as one float4 (gid, gid + 8), and row r's place in it.
+  __device__ static int q_word(int g, int part, int slot) { return (g * 2 + part) * 32 * QW + slot; }
+  __device__ static int scale_pair(int r) { return r % 8; }
+  __device__ static int scale_half(int r) { return r / 8; }
 
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
                         uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
@@ -414,22 +457,22 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
         uint32_t a[2][4];
 #pragma unroll
         for (int part = 0; part < 2; part++) {
-          const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(part * GROUPS + g) * 32 + lane];
+          const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(g * 2 + part) * 32 + lane];
           a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
         }
-        const float qs[2] = {q_scale[g * ROWS + gid], q_scale[g * ROWS + gid + 8]};
-        // Q4_0's bias is added to the dot products (through an MMA's accumulator input it would
-        // stay live across both n-tiles and spill); Q8_0 has none.
-        const int *bias = reinterpret_cast<const int *>(q_scale + GROUPS * ROWS) + g * ROWS;
+        // Rows gid, gid + 8: scales, and Q4_0's biases, added to the dot products (through an MMA's
+        // accumulator input they would stay live across both n-tiles and spill); Q8_0 has none.
+        const float4 sb = reinterpret_cast<const float4 *>(q_scale)[g * ROWS / 2 + gid];
+        const float qs[2] = {sb.x, sb.y};
+        const int bq[2] = {KF == Q4_0 ? __float_as_int(sb.z) : 0, KF == Q4_0 ? __float_as_int(sb.w) : 0};
         const int c[4] = {0, 0, 0, 0};
+        uint32_t w[2][2];
+        k_group<K>(k_rows, g, lane, w);
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-          const uint8_t *kr = krow(gid, j);
-          const uint32_t b0 = quad<KF>(kr, g, tig), b1 = quad<KF>(kr, g, tig + 4);
           int acc[2][4];
-          mma_s8(acc[0], a[0], b0, b1, c);
-          mma_s8(acc[1], a[1], b0, b1, c);
-          const int bq[2] = {KF == Q4_0 ? bias[gid] : 0, KF == Q4_0 ? bias[gid + 8] : 0};
+          mma_s8(acc[0], a[0], w[j][0], w[j][1], c);
+          mma_s8(acc[1], a[1], w[j][0], w[j][1], c);
           const float ks[2] = {K::scale(krow(2 * tig, j), g), K::scale(krow(2 * tig + 1, j), g)};
 #pragma unroll
           for (int e = 0; e < 4; e++)
@@ -443,7 +486,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
       for (int kk = 0; kk < KSTEPS; kk += 2) {
         uint32_t b[2][4]; // [n-tile][k-step kk, kk + 1 halves]
 #pragma unroll
-        for (int j = 0; j < 2; j++) ldmatrix_x4(b[j], krow(lane % 8, j) + (kk * 16 + (lane / 8) * 8) * 2);
+        for (int j = 0; j < 2; j++) ldmatrix<4, false>(b[j], krow(lane % 8, j) + (kk * 16 + (lane / 8) * 8) * 2);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
 #pragma unroll
@@ -475,25 +518,36 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
     // O += P V. P as an A-fragment: word 0 row gid tokens 2tig, +1; word 1 row gid + 8; words 2, 3
     // the same for tokens 8 + 2tig, + 1.
     if constexpr (V::quantized) {
+      // Each token's group scale multiplies P: in f16, on P rounded once, where P is one part; else
+      // in float before the split.
+      uint32_t p[4], sc[2];
+      if constexpr (P_PARTS == 1) {
+        p[0] = pack2<true>(s[0], s[1]), p[1] = pack2<true>(s[2], s[3]);
+        p[2] = pack2<true>(s[4], s[5]), p[3] = pack2<true>(s[6], s[7]);
+        pair_scales<V>(v_rows, lane, sc);
+      }
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
-        float vs[4];
-        uint32_t w[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) { // tokens 2 tig + i % 2 (+ 8)
-          vs[i] = V::scale(vrow(2 * tig + i % 2, i / 2), g);
-          w[i] = quad<VF>(vrow(2 * tig + i % 2, i / 2), g, gid);
-        }
         uint32_t a[P_PARTS][4];
-        pair_parts<P_F16, P_PARTS>(s[0] * vs[0], s[1] * vs[1], &a[0][0], 4);
-        pair_parts<P_F16, P_PARTS>(s[2] * vs[0], s[3] * vs[1], &a[0][1], 4);
-        pair_parts<P_F16, P_PARTS>(s[4] * vs[2], s[5] * vs[3], &a[0][2], 4);
-        pair_parts<P_F16, P_PARTS>(s[6] * vs[2], s[7] * vs[3], &a[0][3], 4);
+        if constexpr (P_PARTS == 1) {
 #pragma unroll
-        for (int t = 0; t < 4; t++) {
-          const uint32_t b0 = quad_pair_f16<VF>(w[0], w[1], t), b1 = quad_pair_f16<VF>(w[2], w[3], t);
+          for (int i = 0; i < 4; i++) a[0][i] = hmul2(p[i], group_scales(sc[i / 2], g, lane));
+        } else {
+          float vs[4]; // tokens 2 tig + i % 2 (+ 8)
 #pragma unroll
-          for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[4 * g + t], a[sp], b0, b1);
+          for (int i = 0; i < 4; i++) vs[i] = V::scale(vrow(2 * tig + i % 2, i / 2), g);
+          pair_parts<P_F16, P_PARTS>(s[0] * vs[0], s[1] * vs[1], &a[0][0], 4);
+          pair_parts<P_F16, P_PARTS>(s[2] * vs[0], s[3] * vs[1], &a[0][1], 4);
+          pair_parts<P_F16, P_PARTS>(s[4] * vs[2], s[5] * vs[3], &a[0][2], 4);
+          pair_parts<P_F16, P_PARTS>(s[6] * vs[2], s[7] * vs[3], &a[0][3], 4);
+        }
+        uint32_t w[2][2];
+        group_words<V, true>(v_rows, g, lane, w);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const uint32_t b0 = v_pair_f16<VF>(w[0], j), b1 = v_pair_f16<VF>(w[1], j);
+#pragma unroll
+          for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[4 * g + j], a[sp], b0, b1);
         }
       }
     } else {
@@ -506,7 +560,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
 #pragma unroll
       for (int nt = 0; nt < NT; nt += 2) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, vrow(lane % 8, (lane / 8) % 2) + (nt + lane / 16) * 16);
+        ldmatrix<4, true>(b, vrow(lane % 8, (lane / 8) % 2) + (nt + lane / 16) * 16);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
           mma16<f16>(o[nt], a[sp], b[0], b[1]);
@@ -520,7 +574,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   __device__ static int acc_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
   __device__ static int acc_col(int lane, int n, int e) {
     const int c = 2 * (lane % 4) + (e & 1); // column within the n-tile
-    return V::quantized ? (n / 4) * 32 + quad_column<VF>(c, n % 4) : n * 8 + c;
+    return V::quantized ? (n / 4) * 32 + v_value(c, n % 4) : n * 8 + c;
   }
 };
 
@@ -540,6 +594,10 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
   // A B-fragment: word `reg` of lane (g, t) holds row g, values 2t, 2t + 1 (+ 8 when reg = 1) of a
   // 16-wide k-step; for int8 k32 steps 4t .. 4t + 3 (+ 16).
   __device__ static int q_slot(int r, int k) { return (r * 4 + k % 4) * QW + k / 4; }
+  // As Wide, but a lane's two parts together (one 16-byte read); rows 2 tig, + 1 share a float4.
+  __device__ static int q_word(int g, int part, int slot) { return ((g * 32 + slot / QW) * 2 + part) * QW + slot % QW; }
+  __device__ static int scale_pair(int r) { return r / 2; }
+  __device__ static int scale_half(int r) { return r % 2; }
 
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
                         uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
@@ -552,20 +610,19 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
       const uint8_t *k0 = krow(gid, 0), *k1 = krow(gid, 1);
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
-        const uint32_t a[4] = {quad<KF>(k0, g, tig), quad<KF>(k1, g, tig), quad<KF>(k0, g, tig + 4),
-                               quad<KF>(k1, g, tig + 4)};
-        const int2 bias = KF == Q4_0 ? reinterpret_cast<const int2 *>(q_scale + GROUPS * ROWS)[(g * ROWS) / 2 + tig]
-                                     : make_int2(0, 0); // as Wide
-        const int c[2][4] = {{0, 0, 0, 0}, {bias.x, bias.y, bias.x, bias.y}};
+        uint32_t w[2][2];
+        k_group<K>(k_rows, g, lane, w);
+        const uint32_t a[4] = {w[0][0], w[1][0], w[0][1], w[1][1]};
+        const uint4 b = reinterpret_cast<const uint4 *>(q_frag)[g * 32 + lane]; // both parts
+        // Rows 2 tig, + 1: scales, and Q4_0's biases (as Wide), here through the accumulator input.
+        const float4 sb = reinterpret_cast<const float4 *>(q_scale)[g * ROWS / 2 + tig];
+        const int bias[2] = {KF == Q4_0 ? __float_as_int(sb.z) : 0, KF == Q4_0 ? __float_as_int(sb.w) : 0};
+        const int c[2][4] = {{0, 0, 0, 0}, {bias[0], bias[1], bias[0], bias[1]}};
         int acc[2][4];
-#pragma unroll
-        for (int part = 0; part < 2; part++) {
-          const uint2 b = reinterpret_cast<const uint2 *>(q_frag)[(part * GROUPS + g) * 32 + lane];
-          mma_s8(acc[part], a, b.x, b.y, c[part]);
-        }
-        const float2 qs = reinterpret_cast<const float2 *>(q_scale)[(g * ROWS) / 2 + tig];
+        mma_s8(acc[0], a, b.x, b.y, c[0]);
+        mma_s8(acc[1], a, b.z, b.w, c[1]);
         const float ks[2] = {K::scale(k0, g), K::scale(k1, g)};
-        const float scale[4] = {ks[0] * qs.x, ks[0] * qs.y, ks[1] * qs.x, ks[1] * qs.y};
+        const float scale[4] = {ks[0] * sb.x, ks[0] * sb.y, ks[1] * sb.x, ks[1] * sb.y};
 #pragma unroll
         for (int e = 0; e < 4; e++) s[e] += float(acc[0][e] * 128 + acc[1][e]) * scale[e];
       }
@@ -574,7 +631,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
 #pragma unroll
       for (int kk = 0; kk < KSTEPS; kk++) {
         uint32_t a[4]; // tokens 0-7 / 8-15 (lanes 8-15, 24-31) at values +0 / +8 (lanes 16-31)
-        ldmatrix_x4(a, krow(lane % 8, (lane / 8) % 2) + (kk * 16 + 8 * (lane / 16)) * 2);
+        ldmatrix<4, false>(a, krow(lane % 8, (lane / 8) % 2) + (kk * 16 + 8 * (lane / 16)) * 2);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
           const uint2 b = reinterpret_cast<const uint2 *>(q_frag)[(sp * KSTEPS + kk) * 32 + lane];
@@ -607,22 +664,30 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
         for (int h = 0; h < 2; h++) b[sp][h] = transpose8x8(x[sp][h]);
     };
     if constexpr (V::quantized) {
-      // Each token's group scale multiplies P; the thread's A-fragment words are four consecutive
-      // values (quad gid) of tokens 2 tig, + 1, + 8, + 9: m-tile 2g + u takes values 2u, 2u + 1.
-      const uint8_t *v_tok[4] = {vrow(2 * tig, 0), vrow(2 * tig + 1, 0), vrow(2 * tig, 1), vrow(2 * tig + 1, 1)};
+      // Each token's group scale multiplies P (as Wide: in f16 after the transpose where P is one
+      // part); m-tile 2g + u takes v_pair_f16's pairs 2u (rows gid) and 2u + 1 (rows gid + 8).
+      uint32_t b[P_PARTS][2], sc[2];
+      if constexpr (P_PARTS == 1) {
+        p_fragment(1.0f, 1.0f, b);
+        pair_scales<V>(v_rows, lane, sc);
+      }
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
-        uint32_t b[P_PARTS][2];
-        p_fragment(V::scale(vrow(gid, 0), g), V::scale(vrow(gid, 1), g), b);
-        uint32_t w[4];
+        uint32_t bg[P_PARTS][2];
+        if constexpr (P_PARTS == 1) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) w[i] = quad<VF>(v_tok[i], g, gid);
+          for (int h = 0; h < 2; h++) bg[0][h] = hmul2(b[0][h], group_scales(sc[h], g, lane));
+        } else {
+          p_fragment(V::scale(vrow(gid, 0), g), V::scale(vrow(gid, 1), g), bg);
+        }
+        uint32_t w[2][2];
+        group_words<V, true>(v_rows, g, lane, w);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-          const uint32_t a[4] = {quad_pair_f16<VF>(w[0], w[1], 2 * u), quad_pair_f16<VF>(w[0], w[1], 2 * u + 1),
-                                 quad_pair_f16<VF>(w[2], w[3], 2 * u), quad_pair_f16<VF>(w[2], w[3], 2 * u + 1)};
+          const uint32_t a[4] = {v_pair_f16<VF>(w[0], 2 * u), v_pair_f16<VF>(w[0], 2 * u + 1),
+                                 v_pair_f16<VF>(w[1], 2 * u), v_pair_f16<VF>(w[1], 2 * u + 1)};
 #pragma unroll
-          for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[2 * g + u], a, b[sp][0], b[sp][1]);
+          for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[2 * g + u], a, bg[sp][0], bg[sp][1]);
         }
       }
     } else {
@@ -632,7 +697,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         uint32_t a[4]; // values +0 / +8 (lanes 8-15, 24-31) of tokens 0-7 / 8-15 (lanes 16-31), transposed
-        ldmatrix_x4_trans(a, vrow(lane % 8, lane / 16) + (16 * mt + 8 * ((lane / 8) % 2)) * 2);
+        ldmatrix<4, true>(a, vrow(lane % 8, lane / 16) + (16 * mt + 8 * ((lane / 8) % 2)) * 2);
 #pragma unroll
         for (int sp = 0; sp < P_PARTS; sp++) mma16<f16>(o[mt], a, b[sp][0], b[sp][1]);
       }
@@ -642,7 +707,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
   __device__ static int acc_row(int lane, int e) { return 2 * (lane % 4) + e % 2; }
   __device__ static int acc_col(int lane, int n, int e) {
     const int gid = lane / 4;
-    return V::quantized ? (n / 2) * 32 + quad_column<VF>(gid, 2 * (n % 2) + e / 2) : 16 * n + gid + 8 * (e / 2);
+    return V::quantized ? (n / 2) * 32 + v_value(gid, 2 * (n % 2) + e / 2) : 16 * n + gid + 8 * (e / 2);
   }
 };
 
@@ -652,8 +717,9 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   static constexpr int NS = STAGES; // as pkv_mma_stages or pkv_mma_fewer_stages
   static constexpr int ROWS = T::ROWS, KSTEPS = T::KSTEPS, GROUPS = T::GROUPS, SPLIT = T::SPLIT;
   static constexpr uint32_t stage_bytes = K::bytes + V::bytes;
-  // q fragments: float K [split][kstep][lane][QW words]; quantized K [part][group][lane][QW words],
-  // then scales (float) and biases (int, added to the second part's dot product) [group][row].
+  // q fragments: float K [split][kstep][lane][QW words]; quantized K by group (T::q_word), then per
+  // group a float4 for each pair of rows a thread takes (T::scale_pair): their scales, then their
+  // biases (int, added to the second part's dot product).
   static constexpr uint32_t q_words = (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
   static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? 2 * GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
@@ -814,7 +880,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
 #pragma unroll
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f; // q1 steps of amax / 127
-        q_scale_of(i_tile)[g * ROWS + r] = amax / (127.0f * 128.0f);
+        float *scale = q_scale_of(i_tile) + (g * ROWS / 2 + T::scale_pair(r)) * 4 + T::scale_half(r);
+        scale[0] = amax / (127.0f * 128.0f);
         int sum = 0; // of 128 q1 + q2 over the group
 #pragma unroll
         for (int k = 0; k < 8; k++) { // four values a word
@@ -828,9 +895,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
             w[1] |= uint32_t(uint8_t(int8_t(q2))) << (8 * b);
           }
 #pragma unroll
-          for (int part = 0; part < 2; part++) frag[(part * M::GROUPS + g) * 32 * T::QW + T::q_slot(r, k)] = w[part];
+          for (int part = 0; part < 2; part++) frag[T::q_word(g, part, T::q_slot(r, k))] = w[part];
         }
-        reinterpret_cast<int *>(q_scale_of(i_tile) + M::GROUPS * ROWS)[g * ROWS + r] = KF == Q4_0 ? -8 * sum : 0;
+        scale[2] = __int_as_float(KF == Q4_0 ? -8 * sum : 0);
       }
     } else {
       for (int e = tid; e < MT * M::KSTEPS * ROWS; e += threads) {
