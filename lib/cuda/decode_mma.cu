@@ -274,7 +274,7 @@ __device__ __forceinline__ int v_value(int c, int j) { return 2 * c + 16 * (j % 
 // values: s[h] = (scale of token 2t (+ 8h), of 2t + 1), an f16 pair; a group's pairs are then a
 // shuffle away (group_scales).
 template <class R> __device__ __forceinline__ void pair_scales(const uint8_t *rows, int lane, uint32_t (&s)[2]) {
-  static_assert(R::scales <= 16, "one matrix row holds a row's scales");
+  static_assert(R::stride - R::data >= 16, "a matrix row from the scales stays within the row slot");
   ldmatrix<2, true>(s, R::row(rows, lane % 8, (lane / 8) % 2) + R::data);
 }
 __device__ __forceinline__ uint32_t group_scales(uint32_t s, int g, int lane) {
