@@ -10,7 +10,7 @@
 //    below). Rows past the chunk are zero-filled, so every MMA input is finite.
 //  - Scores S = Q K^T and the output O = P V run on the tensor cores with fp32 accumulation. Float
 //    operands keep ~16-22 bits by splitting: q (and P) are sums of two f16 (F16 pages) or bf16 parts,
-//    each multiplied against the exact page values.
+//    each multiplied against the exact page values; q in the pages' own format enters whole.
 //  - Q8_0/Q4_0 K: q is quantized to int8 per 32-group once per item, in two parts (the second
 //    quantizes the first's error), and dotted as int8 (m16n8k32), scaled per (row, group) and
 //    (token, group) in fp32. Matrix loads give the K bytes in the MMA's layout.
@@ -19,9 +19,10 @@
 //    matrix loads give each thread two tokens' bytes of a few values, which become f16 pairs by a
 //    logic operation and a subtraction; the output columns follow those values (v_value), and the
 //    final write puts them in place.
-//  - scores are in log2 units (q pre-scaled by scale * log2 e); the warps' partial results combine in
-//    shared memory; a split sequence's last finishing chunk merges all its chunks (a counter per
-//    sequence, KV head and row tile), in chunk order, so results are the same bits every run.
+//  - scores are in log2 units (scale * log2 e multiplies q, or the scores where q enters whole); the
+//    warps' partial results combine in shared memory; a split sequence's last finishing chunk merges
+//    all its chunks (a counter per sequence, KV head and row tile), in chunk order, so results are the
+//    same bits every run.
 #include <math.h>
 
 #include <type_traits>
@@ -401,6 +402,14 @@ template <int MASK> __device__ __forceinline__ float lanes_sum(float x) {
   return x;
 }
 
+// Float K: how q enters the score MMAs. Where q's format is the pages' own 16-bit format, q goes
+// unscaled in one part (exact) and the fp32 scores are multiplied by the scale; otherwise q times the
+// scale is split into SPLIT parts (split) and `mul` is 1.
+struct QParts {
+  bool split;
+  float mul;
+};
+
 // A warp's share of one stage, in one of two shapes. Both hold: ROWS query rows a tile; the output
 // accumulators o (acc_row, acc_col: where each lies), the running max m and sum l of the thread's
 // two rows (row_of_thread(lane, i), shared with the lanes differing in ROW_LANES); q_slot(r, k),
@@ -444,7 +453,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   __device__ static int scale_half(int r) { return r / 8; }
 
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
-                        uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
+                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
     const int gid = lane / 4, tig = lane % 4;
     auto krow = [&](int r, int h) { return K::row(k_rows, r, h); };
     auto vrow = [&](int r, int h) { return V::row(v_rows, r, h); };
@@ -489,6 +498,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
         for (int j = 0; j < 2; j++) ldmatrix<4, false>(b[j], krow(lane % 8, j) + (kk * 16 + (lane / 8) * 8) * 2);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
+          if (sp && !qp.split) break;
 #pragma unroll
           for (int half = 0; half < 2; half++) {
             const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(sp * KSTEPS + kk + half) * 32 + lane];
@@ -501,7 +511,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
 #pragma unroll
       for (int j = 0; j < 2; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) s[4 * j + e] = (part[j][3][e] + part[j][2][e]) + (part[j][1][e] + part[j][0][e]);
+        for (int e = 0; e < 4; e++)
+          s[4 * j + e] = ((part[j][3][e] + part[j][2][e]) + (part[j][1][e] + part[j][0][e])) * qp.mul;
     }
 
     online_softmax(
@@ -600,7 +611,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
   __device__ static int scale_half(int r) { return r % 2; }
 
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
-                        uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
+                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
     const int gid = lane / 4, tig = lane % 4;
     auto krow = [&](int r, int h) { return K::row(k_rows, r, h); };
     auto vrow = [&](int r, int h) { return V::row(v_rows, r, h); };
@@ -634,12 +645,13 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
         ldmatrix<4, false>(a, krow(lane % 8, (lane / 8) % 2) + (kk * 16 + 8 * (lane / 16)) * 2);
 #pragma unroll
         for (int sp = 0; sp < SPLIT; sp++) {
+          if (sp && !qp.split) break;
           const uint2 b = reinterpret_cast<const uint2 *>(q_frag)[(sp * KSTEPS + kk) * 32 + lane];
           mma16<KF == F16>(part[2 * sp + kk % 2], a, b.x, b.y);
         }
       }
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[e] = (part[3][e] + part[2][e]) + (part[1][e] + part[0][e]);
+      for (int e = 0; e < 4; e++) s[e] = ((part[3][e] + part[2][e]) + (part[1][e] + part[0][e])) * qp.mul;
     }
 
     online_softmax(
@@ -773,6 +785,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
   const float q_mul = p.scale * 1.4426950408889634f; // scores in log2 units
+  const bool q_exact = !K::quantized && p.q_format == KF;
+  const QParts qp{!q_exact, q_exact ? q_mul : 1.0f};
+  const float q_pre = q_exact ? 1.0f : q_mul; // what q_values multiplies q by
 
   for (uint32_t item = blockIdx.x; item < n_chunks * per_chunk; item += gridDim.x) {
     const uint32_t ci = item / per_chunk, h = item % per_chunk / p.row_tiles, z = item % p.row_tiles;
@@ -784,7 +799,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       return (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + row % group;
     };
     auto row_valid = [&](uint32_t r) { return z * block_rows + r < rows; };
-    // Values [d0, d0 + N) of query row r, scaled to log2 units (zeros past the rows).
+    // Values [d0, d0 + N) of query row r, times q_pre (zeros past the rows).
     auto q_values = [&](uint32_t r, uint32_t d0, auto &out) {
       constexpr int N = sizeof(out) / sizeof(out[0]);
       if (!row_valid(r)) {
@@ -802,12 +817,12 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
 #pragma unroll
           for (int j = 0; j < 8; j++) {
             const uint16_t h = uint16_t(w[j / 2] >> (16 * (j % 2)));
-            out[8 * i + j] = (p.q_format == F16 ? half_to_float(h) : bf16_to_float(h)) * q_mul;
+            out[8 * i + j] = (p.q_format == F16 ? half_to_float(h) : bf16_to_float(h)) * q_pre;
           }
         }
       } else {
 #pragma unroll
-        for (int i = 0; i < N; i++) out[i] = load_io(p.q_format, reinterpret_cast<const void *>(p.q), at + i) * q_mul;
+        for (int i = 0; i < N; i++) out[i] = load_io(p.q_format, reinterpret_cast<const void *>(p.q), at + i) * q_pre;
       }
     };
 
@@ -928,7 +943,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       __syncthreads();
       const uint8_t *stage = smem + slot * M::stage_bytes;
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
-      acc.stage(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm,
+      acc.stage(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm, qp,
                 c.token_begin + tile * TILE + T::Tok::warp_first(slice), c.token_end, visible, lane);
       if (tid < TILE) stage_rows[slot][tid] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
