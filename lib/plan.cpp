@@ -37,46 +37,62 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 }
 
 // Every worker runs one (chunk, KV head) item at a time. Costs are in the time a worker takes for a
-// page when all workers run (the fixed cost of an item taken as the shortest worthwhile chunk):
-//  - w = 1..kMaxWaves rounds of items over all workers, with the shortest chunk that needs at most w
-//    rounds: w x (chunk + fixed);
-//  - where fewer workers already run at the full rate (a memory-bound GPU kernel), one round over
-//    just those: an item then runs workers / full-rate times as fast, and rounds over all workers cost
-//    an eighth more than their pages say (measured on the H200: one block a multiprocessor of float
-//    head_dim 128 decodes single long sequences 4-9% faster than two with the same bytes; see
+// page when all workers run, an item's fixed cost taken as the shortest worthwhile chunk. A
+// candidate chunk length (pages) whose items take `rounds` rounds over the workers costs the fixed
+// cost each round, plus the longest of
+//  - the batch's pages over all workers (the device's bandwidth), an eighth more where more items
+//    run than full-rate workers (measured on the H200: one block a multiprocessor of float head_dim
+//    128 decodes single long sequences 4-9% faster than two with the same bytes; see
 //    docs/perf/2026-12-01-h200-cuda-planner.md);
-//  - a split sequence costs its partial results' writes and merge besides, two shortest chunks (in
-//    the batch's average: splitting a few of its sequences costs less than splitting all), so a chunk
-//    just long enough to keep more sequences whole is a candidate too.
-// The cheapest wins. One round of equal chunks fills the device exactly when the batch is uniform;
-// long sequences get proportionally more chunks, and short ones beside them stay whole.
+//  - a worker's chain of items, each page at a lone worker's rate (full-rate over all workers): a
+//    short item is bound by its own latency, so items in parallel finish sooner even where two share
+//    a multiprocessor (4K + 7 x 256 tokens at head_dim 128: 16-page chunks 17.4 us, the 29-page
+//    chunks of one round over the full-rate workers 19.3 us);
+//  - for long chunks (8 fixed costs or more: bound by bandwidth), the items a full-rate worker's
+//    share of the device runs one after another (128K + 7 x 8K: 512-page chunks, two on some
+//    multiprocessors, 221 us; two rounds of 183 pages 200 us; docs/perf/2026-12-02-h200-cuda-session13.md);
+// and a split sequence costs its partial results' writes and merge besides, two fixed costs (in the
+// batch's average: splitting a few of its sequences costs less than splitting all).
+// Candidates: for 1..kMaxWaves rounds over all workers, and one round over the full-rate workers,
+// the shortest chunk that many items allow, and beside each the longer chunks that keep another
+// sequence whole. The cheapest wins. One round of equal chunks fills the device exactly when the
+// batch is uniform; long sequences get proportionally more chunks, and short ones beside them stay
+// whole.
 uint64_t choose_chunk_pages(const PlanRequest &req) {
   std::vector<uint64_t> sorted(req.count); // the sequences' pages, shortest first
   for (uint32_t b = 0; b < req.count; b++) sorted[b] = pages_of(req.lengths[b], req.page_size);
   std::sort(sorted.begin(), sorted.end());
   const uint64_t longest = sorted.empty() ? 1 : std::max<uint64_t>(1, sorted.back());
-  const uint64_t min_pages = pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size);
-  const uint32_t workers = std::max<uint32_t>(1, req.workers);
+  const uint64_t fixed = pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size);
+  const uint32_t workers = std::max<uint32_t>(1, req.workers), kv_heads = std::max<uint32_t>(1, req.kv_heads);
   const uint32_t full_rate = std::min(workers, std::max<uint32_t>(1, req.full_rate_workers));
-  const double shared = full_rate < workers ? 1.125 : 1.0; // what all workers' rounds cost more
-  uint64_t best = std::max(min_pages, longest);
+  const double lone = double(full_rate) / workers; // a lone worker's time for a page
+  double pages = 0;
+  for (uint64_t p : sorted) pages += double(p) * kv_heads;
+  uint64_t best = std::max(fixed, longest);
   double best_cost = INFINITY;
-  auto consider = [&](double rounds, uint64_t chunk) {
+  auto consider = [&](uint64_t chunk) {
+    const uint64_t items = chunks_of(sorted, chunk) * kv_heads;
+    const uint64_t rounds = (items + workers - 1) / workers, in_turn = (items + full_rate - 1) / full_rate;
+    const double bandwidth = pages / workers * (items > full_rate ? 1.125 : 1.0);
+    const double chain = double(rounds * chunk) * lone;
+    const double shares = chunk >= 8 * fixed ? double(in_turn * chunk) * lone : 0.0;
     const uint64_t splits = uint64_t(sorted.end() - std::upper_bound(sorted.begin(), sorted.end(), chunk));
-    const double c = rounds * double(chunk + min_pages) + 2.0 * double(min_pages * splits) / std::max(1u, req.count);
+    const double c = double(rounds * fixed) + std::max({bandwidth, chain, shares}) +
+                     2.0 * double(fixed * splits) / std::max(1u, req.count);
     if (c < best_cost) best_cost = c, best = chunk;
   };
   // The chunk that needs `cap` chunks at most, and those longer that keep another sequence whole.
-  auto consider_all = [&](double rounds, uint64_t cap) {
+  auto consider_all = [&](uint64_t cap) {
     if (req.count > cap) return;
-    const uint64_t lo = shortest_chunk(sorted, cap, min_pages, longest);
-    consider(rounds, lo);
+    const uint64_t lo = shortest_chunk(sorted, cap, fixed, longest);
+    consider(lo);
     for (auto it = std::upper_bound(sorted.begin(), sorted.end(), lo); it != sorted.end();
          it = std::upper_bound(it, sorted.end(), *it))
-      consider(rounds, *it);
+      consider(*it);
   };
-  for (uint64_t w = 1; w <= kMaxWaves; w++) consider_all(double(w) * shared, w * chunk_slots(workers, req.kv_heads));
-  if (full_rate < workers) consider_all(double(full_rate) / workers, chunk_slots(full_rate, req.kv_heads));
+  for (uint64_t w = 1; w <= kMaxWaves; w++) consider_all(w * chunk_slots(workers, kv_heads));
+  if (full_rate < workers) consider_all(chunk_slots(full_rate, kv_heads));
   return best;
 }
 
