@@ -117,10 +117,12 @@ static double oracle(const float *q, const float *k, const float *v, uint32_t le
   return len ? top + log(sum) : -INFINITY;
 }
 
-/* count sequences of the given lengths, GQA q_heads / kv_heads, head_dim D, F16 pages, F32 q and out. */
+/* count sequences of the given lengths, GQA q_heads / kv_heads, head_dim D, K and V pages of formats kf
+ * and vf, F32 q and out. Quantized K is dotted with q rounded to int8 parts: test_decode's tolerance. */
 static void decode_against_oracle(const uint32_t *len, uint32_t count, uint32_t q_heads, uint32_t kv_heads,
-                                  uint32_t D, uint32_t pages) {
-  pkv_pool_desc d = pu_desc(1, kv_heads, D, 16, pages, count, PKV_FORMAT_F16, PKV_FORMAT_F16);
+                                  uint32_t D, uint32_t pages, pkv_format kf, pkv_format vf) {
+  const double tol = kf == PKV_FORMAT_Q8_0 || kf == PKV_FORMAT_Q4_0 ? 1e-2 : 1e-4;
+  pkv_pool_desc d = pu_desc(1, kv_heads, D, 16, pages, count, kf, vf);
   d.page_order_seed = (uint32_t)tu_next(&rng) | 1u;
   pkv_context *ctx;
   pkv_pool *pool;
@@ -132,8 +134,8 @@ static void decode_against_oracle(const uint32_t *len, uint32_t count, uint32_t 
   float *k = xmalloc(sizeof(float) * total * row), *v = xmalloc(sizeof(float) * total * row);
   random_values(k, total * row);
   random_values(v, total * row);
-  tu_round_trip(PKV_FORMAT_F16, k, total * row, k); /* the values the pages hold */
-  tu_round_trip(PKV_FORMAT_F16, v, total * row, v);
+  tu_round_trip(kf, k, total * row, k); /* the values the pages hold */
+  tu_round_trip(vf, v, total * row, v);
   pkv_seq *seqs = xmalloc(sizeof(pkv_seq) * count);
   for (uint32_t b = 0; b < count; b++) check(pkv_seq_alloc(pool, &seqs[b]));
   check(pkv_append(pool, seqs, len, count));
@@ -171,17 +173,17 @@ static void decode_against_oracle(const uint32_t *len, uint32_t count, uint32_t 
           fail_msg("empty sequence %u head %u: out not 0 or lse %g not -inf", b, h, lse[i]);
         continue;
       }
-      if (!(sqrt(err) <= 1e-4 * sqrt(norm) + 1e-6)) /* NaN fails too */
+      if (!(sqrt(err) <= tol * sqrt(norm) + 1e-6)) /* NaN fails too */
         fail_msg("sequence %u (length %u) head %u: relative error %g", b, len[b], h, sqrt(err / norm));
-      if (!(fabs(lse[i] - ref_lse) <= 1e-4 * fabs(ref_lse) + 1e-4))
+      if (!(fabs(lse[i] - ref_lse) <= tol * fabs(ref_lse) + tol))
         fail_msg("sequence %u head %u: lse %g, oracle %g", b, h, lse[i], ref_lse);
       if (norm > 0 && sqrt(err / norm) > worst) worst = sqrt(err / norm);
       if (fabs(lse[i] - ref_lse) > worst_lse) worst_lse = fabs(lse[i] - ref_lse);
     }
     first += len[b];
   }
-  print_message("%u sequences, %zu tokens: worst relative error %.2e, worst lse error %.2e\n", count, total, worst,
-                worst_lse);
+  print_message("%u sequences, %zu tokens, K %d V %d: worst relative error %.2e, worst lse error %.2e\n", count, total,
+                (int)kf, (int)vf, worst, worst_lse);
   free(k);
   free(v);
   free(q);
@@ -191,6 +193,7 @@ static void decode_against_oracle(const uint32_t *len, uint32_t count, uint32_t 
   pu_close(ctx, pool);
 }
 
+/* Also with Q4_0 V: batches that fill four blocks a multiprocessor run the four-block kernels. */
 static void batch_of_512(void **state) {
   (void)state;
   enum { COUNT = 512 };
@@ -199,13 +202,15 @@ static void batch_of_512(void **state) {
     len[b] = b % 61 == 0 ? 0 : 1 + tu_below(&rng, 400);
     pages += (len[b] + 15) / 16;
   }
-  decode_against_oracle(len, COUNT, 32, 8, 128, pages);
+  decode_against_oracle(len, COUNT, 32, 8, 128, pages, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  decode_against_oracle(len, COUNT, 32, 8, 128, pages, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0);
+  decode_against_oracle(len, COUNT, 32, 8, 128, pages, PKV_FORMAT_Q4_0, PKV_FORMAT_Q4_0);
 }
 
 static void one_sequence_of_128k(void **state) {
   (void)state;
   const uint32_t len = 128 * 1024;
-  decode_against_oracle(&len, 1, 8, 1, 128, len / 16);
+  decode_against_oracle(&len, 1, 8, 1, 128, len / 16, PKV_FORMAT_F16, PKV_FORMAT_F16);
 }
 
 /* A GQA group of 16 query heads per KV head: more heads than one block of some kernels serves. */
@@ -214,7 +219,7 @@ static void group_of_16(void **state) {
   const uint32_t len[4] = {1 + tu_below(&rng, 40), 300 + tu_below(&rng, 700), 17, 2000 + tu_below(&rng, 2000)};
   uint32_t pages = 0;
   for (int b = 0; b < 4; b++) pages += (len[b] + 15) / 16;
-  for (uint32_t D = 64; D <= 256; D *= 2) decode_against_oracle(len, 4, 32, 2, D, pages);
+  for (uint32_t D = 64; D <= 256; D *= 2) decode_against_oracle(len, 4, 32, 2, D, pages, PKV_FORMAT_F16, PKV_FORMAT_F16);
 }
 
 /* Pools the device cannot hold: PKV_ERR_OUT_OF_MEMORY with a reason, and nothing left allocated. The

@@ -1153,13 +1153,13 @@ constexpr int mma_blocks(int d, int stages, bool float_pages) {
   return d == 64 ? 4 : d == 256 ? 1 : float_pages && stages == 3 ? 2 : 3;
 }
 
+#define PKV_MMA_KERNEL(NAME, REGISTERS, T, D, KF, VF, NS)                                                    \
+  extern "C" __global__ void __maxnreg__(REGISTERS) NAME(PkvDecodeParams p) { decode_mma<D, KF, VF, NS, T<D, KF, VF>>(p); }
 // pkv_decode_mma<rows>_<head_dim>_<k format>_<v format>_<stages>: rows 16 (Wide) or 8 (Narrow) a
 // tile, format numbers as in pkv_format.
 #define PKV_MMA_TILE(T, R, D, KF, VF, NS)                                                                    \
-  extern "C" __global__ void __maxnreg__(mma_registers(D, mma_blocks(D, NS, KF <= BF16 && VF <= BF16)))      \
-      pkv_decode_mma##R##_##D##_##KF##_##VF##_##NS(PkvDecodeParams p) {                                      \
-    decode_mma<D, KF, VF, NS, T<D, KF, VF>>(p);                                                              \
-  }
+  PKV_MMA_KERNEL(pkv_decode_mma##R##_##D##_##KF##_##VF##_##NS,                                               \
+                 mma_registers(D, mma_blocks(D, NS, KF <= BF16 && VF <= BF16)), T, D, KF, VF, NS)
 #define PKV_MMA(D, KF, VF, NS) PKV_MMA_TILE(Wide, 16, D, KF, VF, NS) PKV_MMA_TILE(Narrow, 8, D, KF, VF, NS)
 #define PKV_MMA_V(D, KF, NS) PKV_MMA(D, KF, 2, NS) PKV_MMA(D, KF, 3, NS) PKV_MMA(D, KF, 4, NS) PKV_MMA(D, KF, 5, NS)
 #define PKV_MMA_KV(D, NS) PKV_MMA_V(D, 2, NS) PKV_MMA_V(D, 3, NS) PKV_MMA_V(D, 4, NS) PKV_MMA_V(D, 5, NS)
@@ -1168,3 +1168,9 @@ PKV_MMA_KV(128, 3)
 PKV_MMA_KV(256, 2)
 // Float head_dim 128 with two stages (pkv_mma_fewer_stages).
 PKV_MMA(128, 2, 2, 2) PKV_MMA(128, 2, 3, 2) PKV_MMA(128, 3, 2, 2) PKV_MMA(128, 3, 3, 2)
+// The narrow head_dim 128 kernels with quantized K and Q4_0 V at 128 registers, four blocks a
+// multiprocessor instead of three (pkv_decode_mma8_128_<k format>_5_3_4blocks): bound by instruction
+// issue, they gain from the fourth block's warps where a batch fills them (large batches 7-13%
+// faster), and lose where blocks run few items (docs/perf/2026-12-02-h200-cuda-dequant.md).
+PKV_MMA_KERNEL(pkv_decode_mma8_128_4_5_3_4blocks, 128, Narrow, 128, 4, 5, 3)
+PKV_MMA_KERNEL(pkv_decode_mma8_128_5_5_3_4blocks, 128, Narrow, 128, 5, 5, 3)
