@@ -105,6 +105,7 @@ class GpuBackend final : public Backend {
     const char *kernel = std::getenv("PKV_DECODE_KERNEL");
     kind_ = decode_kind_from_environment(kernel);
     narrow_ = !(kernel && std::strcmp(kernel, "mma16") == 0);
+    four_block_kernels_ = !(kernel && std::strcmp(kernel, "mma3") == 0);
     try {
       Current current(*this);
       int sms = 0, warp = 0;
@@ -422,12 +423,15 @@ class GpuBackend final : public Backend {
   }
 
   // PKV_DECODE_KERNEL=mma|fast|generic picks a family for A/B runs; by default the newest the runtime
-  // has (the tensor-core kernels are CUDA-only). mma16: the tensor-core kernel with wide tiles only.
+  // has (the tensor-core kernels are CUDA-only). mma16: the tensor-core kernel with wide tiles only;
+  // mma3: without the four-block variants.
   DecodeKind decode_kind_from_environment(const char *kernel) const {
     const bool mma = dev_->images().mma != nullptr;
     if (kernel && std::strcmp(kernel, "fast") == 0) return DecodeKind::fast;
     if (kernel && std::strcmp(kernel, "generic") == 0) return DecodeKind::generic;
-    if (kernel && (std::strcmp(kernel, "mma") == 0 || std::strcmp(kernel, "mma16") == 0) && !mma)
+    const bool mma_named = kernel && (std::strcmp(kernel, "mma") == 0 || std::strcmp(kernel, "mma16") == 0 ||
+                                      std::strcmp(kernel, "mma3") == 0);
+    if (mma_named && !mma)
       fail(PKV_ERR_UNSUPPORTED, "PKV_DECODE_KERNEL=%s: the tensor-core decode kernels are CUDA-only; the %s backend "
            "has fast and generic", kernel, dev_->name());
     return mma ? DecodeKind::mma : DecodeKind::fast;
@@ -556,7 +560,8 @@ class GpuBackend final : public Backend {
   // planner keeps the three-block worker count: where items are fewer (a plan split to fill the
   // device, small and ragged batches) a block's own speed counts, and the variant's is lower.
   Function four_block_function(const PoolGeometry &g, uint64_t items) {
-    if (g.head_dim != 128 || g.v.format != PKV_FORMAT_Q4_0 || !is_quantized(g.k.format) || mma_stages(g, true) != 3)
+    if (!four_block_kernels_ || g.head_dim != 128 || g.v.format != PKV_FORMAT_Q4_0 || !is_quantized(g.k.format) ||
+        mma_stages(g, true) != 3)
       return nullptr;
     FourBlocks &f = four_blocks_[g.k.format - PKV_FORMAT_Q8_0];
     if (!f.fn) {
@@ -728,6 +733,7 @@ class GpuBackend final : public Backend {
   Module pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
   DecodeKind kind_ = DecodeKind::mma;
   bool narrow_ = true; // the tensor-core kernel's narrow tile serves where it can
+  bool four_block_kernels_ = true; // the four-block variants serve batches that fill them
   // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
   // by [narrow].
   Function fast_functions_[3][4][4] = {}, mma_functions_[2][3][4][4] = {};
