@@ -40,9 +40,9 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 // page when all workers run, an item's fixed cost taken as the shortest worthwhile chunk. A
 // candidate chunk length (pages) whose items take `rounds` rounds over the workers costs the fixed
 // cost each round, plus the longest of
-//  - the batch's pages over all workers (the device's bandwidth), an eighth more where more items
-//    run than full-rate workers (measured on the H200: one block a multiprocessor of float head_dim
-//    128 decodes single long sequences 4-9% faster than two with the same bytes; see
+//  - the batch's pages over all workers (the device's bandwidth), an eighth more where items run on
+//    more workers than the full-rate ones (measured on the H200: one block a multiprocessor of float
+//    head_dim 128 decodes single long sequences 4-9% faster than two with the same bytes; see
 //    docs/perf/2026-12-01-h200-cuda-planner.md);
 //  - a worker's chain of items, each page at a lone worker's rate (full-rate over all workers): a
 //    short item is bound by its own latency, so items in parallel finish sooner even where two share
@@ -74,7 +74,7 @@ uint64_t choose_chunk_pages(const PlanRequest &req) {
   auto consider = [&](uint64_t chunk) {
     const uint64_t items = chunks_of(sorted, chunk) * kv_heads;
     const uint64_t rounds = (items + workers - 1) / workers, in_turn = (items + full_rate - 1) / full_rate;
-    const double bandwidth = pages / workers * (items > full_rate ? 1.125 : 1.0);
+    const double bandwidth = pages / workers * (full_rate < workers && items > full_rate ? 1.125 : 1.0);
     const double chain = double(rounds * chunk) * lone;
     const double shares = chunk >= 8 * fixed ? double(in_turn * chunk) * lone : 0.0;
     const uint64_t splits = uint64_t(sorted.end() - std::upper_bound(sorted.begin(), sorted.end(), chunk));
