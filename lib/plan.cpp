@@ -47,10 +47,10 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 //  - a worker's chain of items, each page at a lone worker's rate (full-rate over all workers): a
 //    short item is bound by its own latency, so items in parallel finish sooner even where two share
 //    a multiprocessor (4K + 7 x 256 tokens at head_dim 128: 16-page chunks 17.4 us, the 29-page
-//    chunks of one round over the full-rate workers 19.3 us);
+//    chunks of one round over the full-rate workers 19.3 us, H200);
 //  - for long chunks (8 fixed costs or more: bound by bandwidth), the items a full-rate worker's
 //    share of the device runs one after another (128K + 7 x 8K: 512-page chunks, two on some
-//    multiprocessors, 221 us; two rounds of 183 pages 200 us; docs/perf/2026-12-02-h200-cuda-session13.md);
+//    multiprocessors, 221 us; two rounds of 183 pages 200 us; both: docs/perf/2026-12-02-h200-cuda-session13.md);
 // and a split sequence costs its partial results' writes and merge besides, two fixed costs (in the
 // batch's average: splitting a few of its sequences costs less than splitting all).
 // Candidates: for 1..kMaxWaves rounds over all workers, and one round over the full-rate workers,
