@@ -1172,8 +1172,8 @@ PKV_MMA_KV(256, 2)
 PKV_MMA(128, 2, 2, 2) PKV_MMA(128, 2, 3, 2) PKV_MMA(128, 3, 2, 2) PKV_MMA(128, 3, 3, 2)
 // The narrow head_dim 128 kernels with quantized K and Q4_0 V at 128 registers, four blocks a
 // multiprocessor instead of three (pkv_decode_mma8_128_<k format>_5_3_4blocks): bound by instruction
-// issue, they gain from the fourth block's warps where a batch fills them (128-sequence batches 5-15%
-// faster on the H200), and lose where blocks run few items (ragged-short 9-11% slower): the host
-// takes them only for the former (docs/perf/2026-12-02-h200-cuda-session13.md, -dequant.md).
+// issue, they gain from the fourth block's warps, and the host plans for four blocks (H200: 32x4K
+// Q4_0 16% faster, 128-sequence batches 5-15%, short batches even; 96 registers and five blocks
+// lost 3-10% everywhere: docs/perf/2026-12-02-h200-cuda-session14.md).
 PKV_MMA_KERNEL(pkv_decode_mma8_128_4_5_3_4blocks, 128, Narrow, 128, 4, 5, 3)
 PKV_MMA_KERNEL(pkv_decode_mma8_128_5_5_3_4blocks, 128, Narrow, 128, 5, 5, 3)

@@ -479,10 +479,27 @@ class GpuBackend final : public Backend {
       if (fits_shared_memory(fn, bytes, name)) {
         check(dev_->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
         mma_stages_[narrow][d][kf][vf] = uint8_t(stages);
+        if (narrow && stages == 3 && four_block_variant(g))
+          if (Function four = four_block_function(name + "_4blocks", bytes)) fn = four;
         break;
       }
     }
     return fn;
+  }
+  // The narrow head_dim 128 kernels with quantized K and Q4_0 V come in a four-block variant too (128
+  // registers): bound by instruction issue, they gain from the fourth block's warps, and the planner
+  // fills them (H200: 32x4K Q4_0 16% faster, 8x32K 4%; docs/perf/2026-12-02-h200-cuda-session14.md).
+  bool four_block_variant(const PoolGeometry &g) const {
+    return four_block_kernels_ && g.head_dim == 128 && is_quantized(g.k.format) && g.v.format == PKV_FORMAT_Q4_0;
+  }
+  // The variant, where four of its blocks fit a multiprocessor (else null: the three-block kernel
+  // keeps its registers).
+  Function four_block_function(const std::string &name, unsigned bytes) {
+    Function fn = function(mma_module_, name.c_str());
+    check(dev_->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
+    int blocks = 0;
+    check(dev_->tensor_cores()->occupancy(&blocks, fn, PKV_MMA_WARPS * 32, bytes));
+    return blocks >= 4 ? fn : nullptr;
   }
   Function mma_function(const PoolGeometry &g, bool narrow) { return specialised_function(g, DecodeKind::mma, narrow); }
   // The tensor-core kernel's stage count for the pool, 0 when no block of it fits the device.
@@ -518,8 +535,6 @@ class GpuBackend final : public Backend {
       k.mtiles = shape.mtiles;
       k.row_tiles = (rows + shape.rows() - 1) / shape.rows();
       k.shared_bytes = mma_shared_bytes(g, shape, mma_stages(g, shape.narrow));
-      if (shape.narrow)
-        if (Function four = four_block_function(g, uint64_t(b.plan->chunks.size()) * g.kv_heads * k.row_tiles)) k.fn = four;
       return k;
     }
     k.fn = specialised_function(g, k.kind);
@@ -553,30 +568,6 @@ class GpuBackend final : public Backend {
   MmaShape mma_shape(uint32_t rows) const {
     if (narrow_ && rows <= PKV_MMA_NARROW_ROWS) return {true, 1};
     return {false, rows <= PKV_MMA_ROWS ? 1u : 2u};
-  }
-
-  // The narrow kernel's four-block variant (head_dim 128, quantized K, Q4_0 V, three stages: 128
-  // registers), where the plan's items fill four blocks on every multiprocessor, else null. The
-  // planner keeps the three-block worker count: where items are fewer (a plan split to fill the
-  // device, small and ragged batches) a block's own speed counts, and the variant's is lower.
-  Function four_block_function(const PoolGeometry &g, uint64_t items) {
-    if (!four_block_kernels_ || g.head_dim != 128 || g.v.format != PKV_FORMAT_Q4_0 || !is_quantized(g.k.format) ||
-        mma_stages(g, true) != 3)
-      return nullptr;
-    FourBlocks &f = four_blocks_[g.k.format - PKV_FORMAT_Q8_0];
-    if (!f.fn) {
-      Current current(*this);
-      const std::string name = "pkv_decode_mma8_128_" + std::to_string(int(g.k.format)) + "_5_3_4blocks";
-      const MmaShape shape{true, 1};
-      const unsigned bytes = mma_shared_bytes(g, shape, 3);
-      Function fn = function(mma_module_, name.c_str());
-      check(dev_->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
-      int blocks = 0;
-      check(dev_->tensor_cores()->occupancy(&blocks, fn, PKV_MMA_WARPS * 32, bytes));
-      f.blocks = uint32_t(std::max(0, blocks));
-      f.fn = fn;
-    }
-    return f.blocks >= 4 && items >= uint64_t(sms_) * f.blocks ? f.fn : nullptr;
   }
 
   // Blocks of the tensor-core kernel a multiprocessor holds at once, for the pool and row tiles.
@@ -733,17 +724,13 @@ class GpuBackend final : public Backend {
   Module pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
   DecodeKind kind_ = DecodeKind::mma;
   bool narrow_ = true; // the tensor-core kernel's narrow tile serves where it can
-  bool four_block_kernels_ = true; // the four-block variants serve batches that fill them
+  bool four_block_kernels_ = true; // the four-block variants serve where they exist and hold four blocks
   // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
   // by [narrow].
   Function fast_functions_[3][4][4] = {}, mma_functions_[2][3][4][4] = {};
   std::vector<PkvChunk> device_chunks_; // the plan's chunks as uploaded (kept: its capacity is reused)
   uint8_t mma_stages_[2][3][4][4] = {}; // 0 until looked up, and where no block fits
   uint32_t mma_blocks_per_sm_[3][3][4][4] = {}; // first by shape: narrow, 1 or 2 wide row tiles
-  struct FourBlocks {
-    Function fn = nullptr;
-    uint32_t blocks = 0;
-  } four_blocks_[2] = {}; // by K format: Q8_0, Q4_0
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
   Function partial_[8] = {};
