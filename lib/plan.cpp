@@ -55,7 +55,9 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 // batch's average: splitting a few of its sequences costs less than splitting all).
 // Candidates: for 1..kMaxWaves rounds over all workers, and one round over the full-rate workers,
 // the shortest chunk that many items allow, and beside each the longer chunks that keep another
-// sequence whole. The cheapest wins. One round of equal chunks fills the device exactly when the
+// sequence whole, each rounded up to whole fixed costs (a GPU block's stage: a chunk's last stage
+// costs a whole one; 4K + 7 x 256 tokens in 6-page chunks ran 13% slower than in 8-page ones, H200,
+// docs/perf/2026-12-02-h200-cuda-session14.md). The cheapest wins. One round of equal chunks fills the device exactly when the
 // batch is uniform; long sequences get proportionally more chunks, and short ones beside them stay
 // whole.
 uint64_t choose_chunk_pages(const PlanRequest &req) {
@@ -69,9 +71,11 @@ uint64_t choose_chunk_pages(const PlanRequest &req) {
   const double lone = double(full_rate) / workers; // a lone worker's time for a page
   double pages = 0;
   for (uint64_t p : sorted) pages += double(p) * kv_heads;
-  uint64_t best = std::max(fixed, longest);
+  auto whole = [&](uint64_t chunk) { return (chunk + fixed - 1) / fixed * fixed; };
+  uint64_t best = whole(std::max(fixed, longest));
   double best_cost = INFINITY;
   auto consider = [&](uint64_t chunk) {
+    chunk = whole(chunk);
     const uint64_t items = chunks_of(sorted, chunk) * kv_heads;
     const uint64_t rounds = (items + workers - 1) / workers, in_turn = (items + full_rate - 1) / full_rate;
     const double bandwidth = pages / workers * (full_rate < workers && items > full_rate ? 1.125 : 1.0);

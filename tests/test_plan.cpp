@@ -1,9 +1,9 @@
 // The decode planner (lib/plan.cpp, compiled in: it is internal), checked by the properties a plan
 // must have rather than by the chunk sizes it picks: every sequence's chunks tile its context exactly
 // at page boundaries, parts are numbered compactly, chosen plans fit the bounds a GPU sizes its plan
-// buffer by, an explicit chunk size is kept unless the plan would not fit, and the shapes the planner
-// promises (a uniform batch fills the workers, short sequences beside a long one stay whole, short
-// items run on every worker).
+// buffer by, chosen chunks are whole multiples of the shortest worthwhile chunk, an explicit chunk
+// size is kept unless the plan would not fit, and the shapes the planner promises (a uniform batch
+// fills the workers, short sequences beside a long one stay whole, short items run on every worker).
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -87,6 +87,9 @@ void test_random_plans_tile_and_fit(void **) {
     const PlanLimits bounds = chosen_plan_bounds(uint32_t(b.lengths.size()), b.kv_heads, b.workers);
     const DecodePlan chosen = make_plan(request(b, 0, bounds));
     check_tiles(b, chosen);
+    // In whole shortest worthwhile chunks (a GPU block's stage: a partial one costs a whole one).
+    const uint32_t fixed_pages = (64 + b.page_size - 1) / b.page_size;
+    assert_int_equal(chosen.chunk_tokens % (fixed_pages * b.page_size), 0);
     assert_true(chosen.chunks.size() <= bounds.chunks);
     assert_true(chosen.parts <= bounds.parts);
     // A chosen plan needs no coarsening: it is the same when made without limits.
