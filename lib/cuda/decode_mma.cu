@@ -254,17 +254,29 @@ template <class R> __device__ __forceinline__ void k_group(const uint8_t *rows, 
 #pragma unroll
     for (int h = 0; h < 2; h++) w[h][1] = (w[h][0] >> 4) & 0x0f0f0f0fu, w[h][0] &= 0x0f0f0f0fu;
 }
+// (x & M) ^ C (XOR) or (x & M) | C; ONE: as one LOP3 (ptxas keeps C in a register for the loop;
+// written in C it takes two LOP3s with an immediate each).
+template <uint32_t M, uint32_t C, bool XOR, bool ONE> __device__ __forceinline__ uint32_t mask_then(uint32_t x) {
+  if constexpr (!ONE) return XOR ? (x & M) ^ C : (x & M) | C;
+  uint32_t y;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(y) : "r"(x), "n"(M), "n"(C), "n"(XOR ? 0x6a : 0xea));
+  return y;
+}
 // V: value v_value(c, j) of the tokens in group_words<R, true>'s w[h] as an f16 pair, exactly and
-// without a conversion instruction: one logic operation puts the value into an f16 whose mantissa
-// counts it (0x64nn = 1024 + nn: Q8_0 its byte with the sign bit flipped, nn = value + 128; a low
-// Q4_0 nibble n; 0x54n0 = 64 + n for a high nibble left in place: 64's mantissa counts sixteenths),
-// one f16 subtraction leaves the value.
-template <uint32_t F> __device__ __forceinline__ uint32_t v_pair_f16(const uint32_t (&w)[2], int j) {
+// without a conversion instruction: a mask and a logic operation put the value into an f16 whose
+// mantissa counts it (0x64nn = 1024 + nn: Q8_0 its byte with the sign bit flipped, nn = value + 128;
+// a low Q4_0 nibble n; 0x54n0 = 64 + n for a high nibble left in place: 64's mantissa counts
+// sixteenths), one f16 subtraction leaves the value. The masking in one instruction measured 1-3%
+// faster where V is Q4_0 at head_dim 128 (the narrow loop 548 -> 515 instructions), but 5% slower
+// for Q4_0 at 256 (8x32K), which ptxas then schedules worse, and mixed for Q8_0 (-1.5% to +5%; H200,
+// docs/perf/2026-12-02-h200-cuda-session14.md).
+template <uint32_t F, int D> __device__ __forceinline__ uint32_t v_pair_f16(const uint32_t (&w)[2], int j) {
+  constexpr bool ONE = F == Q4_0 && D == 128;
   const uint32_t x = (F == Q8_0 ? w[j % 2] : w[0]) >> (8 * (j / 2));
   uint32_t y, bias;
-  if (F == Q8_0) y = (x & 0x00ff00ffu) ^ 0x64806480u, bias = 0x64806480u; // 1152 = 1024 + 128
-  else if (j % 2 == 0) y = (x & 0x000f000fu) | 0x64006400u, bias = 0x64086408u; // 1032 = 1024 + 8
-  else y = (x & 0x00f000f0u) | 0x54005400u, bias = 0x54805480u;               // 72 = 64 + 8
+  if (F == Q8_0) y = mask_then<0x00ff00ffu, 0x64806480u, true, ONE>(x), bias = 0x64806480u; // 1152 = 1024 + 128
+  else if (j % 2 == 0) y = mask_then<0x000f000fu, 0x64006400u, false, ONE>(x), bias = 0x64086408u; // 1032 = 1024 + 8
+  else y = mask_then<0x00f000f0u, 0x54005400u, false, ONE>(x), bias = 0x54805480u;               // 72 = 64 + 8
   const __half2 v = __hsub2(*reinterpret_cast<const __half2 *>(&y), *reinterpret_cast<const __half2 *>(&bias));
   return *reinterpret_cast<const uint32_t *>(&v);
 }
@@ -556,7 +568,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
         group_words<V, true>(v_rows, g, lane, w);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          const uint32_t b0 = v_pair_f16<VF>(w[0], j), b1 = v_pair_f16<VF>(w[1], j);
+          const uint32_t b0 = v_pair_f16<VF, D>(w[0], j), b1 = v_pair_f16<VF, D>(w[1], j);
 #pragma unroll
           for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[4 * g + j], a[sp], b0, b1);
         }
@@ -696,8 +708,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
         group_words<V, true>(v_rows, g, lane, w);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-          const uint32_t a[4] = {v_pair_f16<VF>(w[0], 2 * u), v_pair_f16<VF>(w[0], 2 * u + 1),
-                                 v_pair_f16<VF>(w[1], 2 * u), v_pair_f16<VF>(w[1], 2 * u + 1)};
+          const uint32_t a[4] = {v_pair_f16<VF, D>(w[0], 2 * u), v_pair_f16<VF, D>(w[0], 2 * u + 1),
+                                 v_pair_f16<VF, D>(w[1], 2 * u), v_pair_f16<VF, D>(w[1], 2 * u + 1)};
 #pragma unroll
           for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[2 * g + u], a, bg[sp][0], bg[sp][1]);
         }
