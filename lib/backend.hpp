@@ -80,6 +80,9 @@ class Backend {
   // bandwidth reaches it with fewer blocks than fit): more share that rate and add per-item costs.
   virtual uint32_t full_rate_workers(const PoolGeometry &g, uint32_t rows) { return workers(g, rows); }
   virtual uint32_t min_chunk_tokens() const = 0;
+  // The tokens a work item takes at a time (a GPU block's stage): a chunk's partial last granule costs
+  // a whole one, so the planner's chunks are whole granules. 1: any whole pages.
+  virtual uint32_t chunk_granule_tokens() const { return 1; }
   // What a pool's plan buffer holds, and its bytes (0: the backend keeps no plan buffer).
   virtual PlanLimits plan_limits(const PoolGeometry &) { return {}; }
   virtual uint64_t plan_buffer_bytes(const PoolGeometry &) { return 0; }

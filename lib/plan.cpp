@@ -55,8 +55,8 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 // batch's average: splitting a few of its sequences costs less than splitting all).
 // Candidates: for 1..kMaxWaves rounds over all workers, and one round over the full-rate workers,
 // the shortest chunk that many items allow, and beside each the longer chunks that keep another
-// sequence whole, each rounded up to whole fixed costs (a GPU block's stage: a chunk's last stage
-// costs a whole one; 4K + 7 x 256 tokens in 6-page chunks ran 13% slower than in 8-page ones, H200,
+// sequence whole, each rounded up to whole granules (a GPU block's stage: a chunk's last stage costs
+// a whole one; 4K + 7 x 256 tokens in 6-page chunks ran 13% slower than in 8-page ones, H200,
 // docs/perf/2026-12-02-h200-cuda-session14.md). The cheapest wins. One round of equal chunks fills the device exactly when the
 // batch is uniform; long sequences get proportionally more chunks, and short ones beside them stay
 // whole.
@@ -71,7 +71,8 @@ uint64_t choose_chunk_pages(const PlanRequest &req) {
   const double lone = double(full_rate) / workers; // a lone worker's time for a page
   double pages = 0;
   for (uint64_t p : sorted) pages += double(p) * kv_heads;
-  auto whole = [&](uint64_t chunk) { return (chunk + fixed - 1) / fixed * fixed; };
+  const uint64_t granule = pages_of(std::max<uint32_t>(1, req.granule_tokens), req.page_size);
+  auto whole = [&](uint64_t chunk) { return (chunk + granule - 1) / granule * granule; };
   uint64_t best = whole(std::max(fixed, longest));
   double best_cost = INFINITY;
   auto consider = [&](uint64_t chunk) {
@@ -160,7 +161,8 @@ const DecodePlan &PlanCache::get(const PlanRequest &req) {
   const bool same = valid_ && req.page_size == page_size_ && req.kv_heads == kv_heads_ &&
                     req.chunk_pages == chunk_pages_ && req.workers == workers_ &&
                     req.full_rate_workers == full_rate_workers_ &&
-                    req.min_chunk_tokens == min_chunk_tokens_ && req.limits.chunks == limits_.chunks &&
+                    req.min_chunk_tokens == min_chunk_tokens_ && req.granule_tokens == granule_tokens_ &&
+                    req.limits.chunks == limits_.chunks &&
                     req.limits.parts == limits_.parts && lengths_.size() == req.count &&
                     std::equal(lengths_.begin(), lengths_.end(), req.lengths);
   if (same) return plan_;
@@ -173,6 +175,7 @@ const DecodePlan &PlanCache::get(const PlanRequest &req) {
   workers_ = req.workers;
   full_rate_workers_ = req.full_rate_workers;
   min_chunk_tokens_ = req.min_chunk_tokens;
+  granule_tokens_ = req.granule_tokens;
   limits_ = req.limits;
   valid_ = true;
   return plan_;

@@ -42,6 +42,7 @@ struct PlanRequest {
   uint32_t workers;     // units that run work items at once (threads, thread blocks)
   uint32_t full_rate_workers; // how many of them already run at the full rate (<= workers)
   uint32_t min_chunk_tokens; // shorter chunks cost more in merging than they gain in parallelism
+  uint32_t granule_tokens;   // a work item's unit of tokens (a GPU block's stage): chunks are whole ones
   PlanLimits limits;
 };
 
@@ -60,7 +61,8 @@ class PlanCache {
  private:
   DecodePlan plan_;
   std::vector<uint32_t> lengths_;
-  uint32_t page_size_ = 0, kv_heads_ = 0, chunk_pages_ = 0, workers_ = 0, full_rate_workers_ = 0, min_chunk_tokens_ = 0;
+  uint32_t page_size_ = 0, kv_heads_ = 0, chunk_pages_ = 0, workers_ = 0, full_rate_workers_ = 0, min_chunk_tokens_ = 0,
+           granule_tokens_ = 0;
   PlanLimits limits_;
   bool valid_ = false;
 };

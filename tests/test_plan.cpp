@@ -1,7 +1,7 @@
 // The decode planner (lib/plan.cpp, compiled in: it is internal), checked by the properties a plan
 // must have rather than by the chunk sizes it picks: every sequence's chunks tile its context exactly
 // at page boundaries, parts are numbered compactly, chosen plans fit the bounds a GPU sizes its plan
-// buffer by, chosen chunks are whole multiples of the shortest worthwhile chunk, an explicit chunk
+// buffer by, chosen chunks are whole multiples of the backend's granule, an explicit chunk
 // size is kept unless the plan would not fit, and the shapes the planner promises (a uniform batch
 // fills the workers, short sequences beside a long one stay whole, short items run on every worker).
 #include <cstdarg>
@@ -28,11 +28,12 @@ struct Batch {
   std::vector<uint32_t> lengths;
   uint32_t page_size, kv_heads, workers;
   uint32_t full_rate_workers = 0; // 0: all workers
+  uint32_t granule_tokens = 64;    // a GPU block's stage
 };
 
 PlanRequest request(const Batch &b, uint32_t chunk_pages, PlanLimits limits) {
   return PlanRequest{b.lengths.data(), uint32_t(b.lengths.size()), b.page_size, b.kv_heads, chunk_pages,
-                     b.workers, b.full_rate_workers ? b.full_rate_workers : b.workers, 64, limits};
+                     b.workers, b.full_rate_workers ? b.full_rate_workers : b.workers, 64, b.granule_tokens, limits};
 }
 
 // Chunks in sequence order, each sequence's contiguous from 0 to its length (one empty chunk for an
@@ -71,6 +72,7 @@ Batch random_batch(tu_rng *r) {
   b.kv_heads = 1 + tu_below(r, 16);
   b.workers = 1 + tu_below(r, 600);
   if (tu_below(r, 2)) b.full_rate_workers = 1 + tu_below(r, b.workers);
+  b.granule_tokens = tu_below(r, 2) ? 64 : 1 + tu_below(r, 300);
   const uint32_t count = 1 + tu_below(r, 64);
   for (uint32_t i = 0; i < count; i++) {
     // Mostly short, some empty, a few long: the ragged batches engines decode.
@@ -87,9 +89,9 @@ void test_random_plans_tile_and_fit(void **) {
     const PlanLimits bounds = chosen_plan_bounds(uint32_t(b.lengths.size()), b.kv_heads, b.workers);
     const DecodePlan chosen = make_plan(request(b, 0, bounds));
     check_tiles(b, chosen);
-    // In whole shortest worthwhile chunks (a GPU block's stage: a partial one costs a whole one).
-    const uint32_t fixed_pages = (64 + b.page_size - 1) / b.page_size;
-    assert_int_equal(chosen.chunk_tokens % (fixed_pages * b.page_size), 0);
+    // In whole granules (a GPU block's stage: a partial one costs a whole one).
+    const uint32_t granule_pages = (b.granule_tokens + b.page_size - 1) / b.page_size;
+    assert_int_equal(chosen.chunk_tokens % (granule_pages * b.page_size), 0);
     assert_true(chosen.chunks.size() <= bounds.chunks);
     assert_true(chosen.parts <= bounds.parts);
     // A chosen plan needs no coarsening: it is the same when made without limits.
