@@ -4,6 +4,7 @@
 // Public API only.
 #include "pagedkv.h"
 
+#include "batch_notation.hpp"
 #include "bench_device.hpp"
 
 #include <algorithm>
@@ -63,17 +64,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-struct Rng { // splitmix64
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double unit() { return (double)(next() >> 11) * (1.0 / 9007199254740992.0); }
-};
-
 std::string strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string strf(const char *fmt, ...) {
   char buf[1024];
@@ -131,8 +121,7 @@ uint64_t token_bytes(const Shape &s, pkv_format k, pkv_format v) {
   return s.hkv * (row_bytes(k, s.d) + row_bytes(v, s.d));
 }
 
-// A batch is written "8x4K" (8 sequences of 4096 tokens), runs joined by '+' ("1x4K+7x256"), or
-// "32~16..4K": 32 lengths drawn log-uniform in [16, 4096] from a fixed seed.
+// Batches are written in tools/batch_notation.hpp ("8x4K", "1x4K+7x256", "32~16..4K").
 struct Tmpl {
   const char *name;                 // "%s" is replaced by the batch
   std::vector<std::string> batches;
@@ -179,35 +168,6 @@ std::vector<Tmpl> cpu_matrix() {
   };
 }
 
-uint32_t parse_tokens(const std::string &s) {
-  uint32_t v = (uint32_t)std::strtoul(s.c_str(), nullptr, 10);
-  return (!s.empty() && s.back() == 'K') ? v * K1 : v;
-}
-
-std::vector<uint32_t> parse_batch(const std::string &batch) {
-  std::vector<uint32_t> lens;
-  size_t pos = 0;
-  while (pos <= batch.size()) {
-    size_t end = batch.find('+', pos);
-    if (end == std::string::npos) end = batch.size();
-    std::string run = batch.substr(pos, end - pos);
-    size_t x = run.find('x'), t = run.find('~');
-    if (x != std::string::npos) {
-      uint32_t n = parse_tokens(run.substr(0, x)), len = parse_tokens(run.substr(x + 1));
-      lens.insert(lens.end(), n, len);
-    } else if (t != std::string::npos) {
-      size_t dots = run.find("..");
-      uint32_t n = parse_tokens(run.substr(0, t));
-      double lo = std::log((double)parse_tokens(run.substr(t + 1, dots - t - 1)));
-      double hi = std::log((double)parse_tokens(run.substr(dots + 2)));
-      Rng rng{20261129}; // fixed: every run and every device sees the same lengths
-      for (uint32_t i = 0; i < n; i++) lens.push_back((uint32_t)std::lround(std::exp(lo + (hi - lo) * rng.unit())));
-    }
-    pos = end + 1;
-  }
-  return lens;
-}
-
 struct Workload {
   std::string id, name, batch, group;
   const Shape *shape;
@@ -239,7 +199,7 @@ std::vector<Workload> expand(const std::vector<Tmpl> &tmpls) {
               w.fmt = &kFormats[fi];
               w.page = page;
               w.qtok = q;
-              w.lens = parse_batch(batch);
+              w.lens = batch_notation::parse_batch(batch);
               w.cpu_note = t.cpu_note;
               w.id = w.name + "/" + w.shape->name + "/" + w.fmt->name + strf("/p%u", page);
               out.push_back(w);
@@ -286,7 +246,7 @@ struct Env {
   std::string bw_method;
   std::vector<uint16_t> bank;  // random F16 K/V source values
   std::unique_ptr<BenchDevice> dev; // GPU backends: the bench's stream, q/out buffers and timing events
-  Rng rng{12345};
+  batch_notation::Rng rng{12345};
 };
 
 uint64_t mem_available() {

@@ -99,6 +99,8 @@ class Upload {
   uint64_t total_ = 0;
 };
 
+static_assert(kGpuChunkTokens == PKV_MMA_WARPS * PKV_MMA_TOKENS, "a block's stage");
+
 class GpuBackend final : public Backend {
  public:
   GpuBackend(std::unique_ptr<Device> device, void *stream) : dev_(std::move(device)) {
@@ -160,8 +162,8 @@ class GpuBackend final : public Backend {
   }
   // A block streams a chunk a tile at a time: short chunks over many multiprocessors finish sooner
   // than long ones over few, and the merge of a few partials is cheap.
-  uint32_t min_chunk_tokens() const override { return 64; }
-  uint32_t chunk_granule_tokens() const override { return PKV_MMA_WARPS * PKV_MMA_TOKENS; } // a stage
+  uint32_t min_chunk_tokens() const override { return kGpuChunkTokens; }
+  uint32_t chunk_granule_tokens() const override { return kGpuChunkTokens; }
   PlanLimits plan_limits(const PoolGeometry &g) override {
     return chosen_plan_bounds(g.max_sequences, g.kv_heads, workers(g, 1)); // the most blocks at once
   }

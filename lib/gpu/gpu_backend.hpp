@@ -10,6 +10,10 @@
 
 namespace pkv {
 
+// A block's fixed cost and the planner's granule (Backend::min_chunk_tokens, chunk_granule_tokens):
+// the tensor-core kernel's stage of PKV_MMA_WARPS x PKV_MMA_TOKENS tokens.
+constexpr uint32_t kGpuChunkTokens = 64;
+
 // `stream`: the engine's stream, or null for one of the backend's own. Throws with a clear status
 // when the device's kernels do not load or a decode kernel asked for does not exist on it.
 std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream);
