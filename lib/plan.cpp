@@ -57,9 +57,9 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 // the shortest chunk that many items allow, and beside each the longer chunks that keep another
 // sequence whole, each rounded up to whole granules (a GPU block's stage: a chunk's last stage costs
 // a whole one; 4K + 7 x 256 tokens in 6-page chunks ran 13% slower than in 8-page ones, H200,
-// docs/perf/2026-12-02-h200-cuda-session14.md). The cheapest wins. One round of equal chunks fills the device exactly when the
-// batch is uniform; long sequences get proportionally more chunks, and short ones beside them stay
-// whole.
+// docs/perf/2026-12-02-h200-cuda-session14.md). The cheapest wins. One round of equal chunks fills
+// the device exactly when the batch is uniform; long sequences get proportionally more chunks, and
+// short ones beside them stay whole.
 uint64_t choose_chunk_pages(const PlanRequest &req) {
   std::vector<uint64_t> sorted(req.count); // the sequences' pages, shortest first
   for (uint32_t b = 0; b < req.count; b++) sorted[b] = pages_of(req.lengths[b], req.page_size);
