@@ -4,7 +4,8 @@
 // correctly after the plan changes).
 //  - K/V rows stream through shared-memory stages of 64 tokens: on sm_90 float rows by bulk copies
 //    of 8 rows (an eighth of the stage that lies in one page piece) or of one row, the others with
-//    16-byte cp.async.
+//    16-byte cp.async; where K and V are both quantized each warp copies the rows it computes, and
+//    a round waits for its own warps only.
 //    A block serves one narrow tile of 8 query rows (speculative tokens times the GQA group) or 1 or
 //    2 wide tiles of 16, with 4 warps each, a warp taking 16 tokens of every stage (Narrow and Wide
 //    below). Rows past the chunk are zero-filled, so every MMA input is finite.
@@ -309,32 +310,32 @@ struct alignas(16) StageRow {
   enum : uint32_t { kNone = 0, kRow = 1, kEighth = 3 };
 };
 
-// Queues a stage's TILE rows of K (or V: offset k_bytes into the block) into shared memory, 64
-// threads: TPR threads per row take its 16-byte pieces in turn, so a thread computes TPR row
-// addresses and issues all of its copies from them with constant offsets. A warp instruction reads
-// whole 128-byte lines (TPR * 16 bytes of a row, or whole rows when shorter): the L2 serves a line
-// as one request; half lines double the requests, and the L2 becomes the limit.
-template <class R> __device__ __forceinline__ void copy_rows(uint8_t *dst, const StageRow *rows, uint64_t part_offset,
-                                                             uint64_t scale_offset, int i0) {
-  constexpr int P = R::data / 16, TPR = P < 8 ? P : 8, STEP = TILE / TPR;
-  const int p0 = i0 % TPR;
-  StageRow s[TPR]; // all loaded first: the copies then wait on no shared-memory load
+// Queues NR rows of a stage from `first` on, of K (or V: offset k_bytes into the block), into shared
+// memory, NT threads (j: this one): TPR threads per row take its 16-byte pieces in turn, so a thread
+// computes the addresses of its rows and issues all of its copies from them with constant offsets.
+// A warp instruction reads whole 128-byte lines (TPR * 16 bytes of a row, or whole rows when
+// shorter): the L2 serves a line as one request; half lines double the requests, and the L2 becomes
+// the limit. Quantized rows' scales: copy_scales.
+template <class R, int NT, int NR>
+__device__ __forceinline__ void copy_rows(uint8_t *dst, const StageRow *rows, uint64_t part_offset, int first, int j) {
+  constexpr int P = R::data / 16, TPR = P < 8 ? P : 8, STEP = NT / TPR, N = NR / STEP;
+  static_assert(NT % TPR == 0 && NR % STEP == 0, "the threads cover whole rows");
+  const int p0 = j % TPR;
+  StageRow s[N]; // all loaded first: the copies then wait on no shared-memory load
 #pragma unroll
-  for (int i = 0; i < TPR; i++) s[i] = rows[i0 / TPR + STEP * i];
+  for (int i = 0; i < N; i++) s[i] = rows[first + j / TPR + STEP * i];
 #pragma unroll
-  for (int i = 0; i < TPR; i++) {
+  for (int i = 0; i < N; i++) {
     const uint8_t *src = s[i].part + part_offset + uint64_t(s[i].row) * R::data + p0 * 16;
-    uint8_t *d = dst + R::of_token(i0 / TPR + STEP * i) + p0 * 16;
+    uint8_t *d = dst + R::of_token(first + j / TPR + STEP * i) + p0 * 16;
 #pragma unroll
-    for (int j = 0; j < P / TPR; j++)
-      cp_async_zfill(d + TPR * 16 * j, src + TPR * 16 * j, s[i].read != StageRow::kNone);
+    for (int k = 0; k < P / TPR; k++)
+      cp_async_zfill(d + TPR * 16 * k, src + TPR * 16 * k, s[i].read != StageRow::kNone);
   }
-  if constexpr (R::scales != 0) {
-    const StageRow s = rows[i0];
-    cp_async_small_zfill<R::scales>(dst + R::of_token(i0) + R::data,
-                                    s.part + part_offset + scale_offset + uint64_t(s.row) * R::scales,
-                                    s.read != StageRow::kNone);
-  }
+}
+// Queues a row's BYTES of scales to `dst` from the scales at `offset` in its page part.
+template <uint32_t BYTES> __device__ __forceinline__ void copy_scales(uint8_t *dst, const StageRow &s, uint64_t offset) {
+  cp_async_small_zfill<BYTES>(dst, s.part + offset + uint64_t(s.row) * BYTES, s.read != StageRow::kNone);
 }
 
 // Queues float row i of a stage with bulk copies completing on `bar`: an eighth of the stage read
@@ -782,6 +783,16 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   // each K/V row in shared memory serves all the block's rows.
   const int MT = int(p.mtiles), mt = warp / WARPS, slice = warp % WARPS, threads = int(blockDim.x);
   const uint32_t block_rows = ROWS * MT;
+  // Quantized K and V rows lie in MMA-row order (warp w's 16 tokens from row 16 w): a warp copies the
+  // rows it computes (the first row tile's warp; the other tile's warp of the slice shares them), so
+  // a round waits for its slice's warps (a named barrier), not the block's. `my_token`: the token of the
+  // stage whose page this thread looks up, if any.
+  constexpr bool kPrivate = !T::Tok::spread;
+  const int my_token = kPrivate ? (mt == 0 && lane < SUB ? slice * SUB + lane : -1) : (tid < TILE ? tid : -1);
+  auto sync_rows = [&] {
+    if constexpr (kPrivate) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + slice), "r"(32 * MT) : "memory");
+    else __syncthreads();
+  };
   // Row tile i's q fragments and (quantized K) scales.
   auto q_frag_of = [&](int i) { return reinterpret_cast<uint32_t *>(smem + M::NS * M::stage_bytes + i * M::q_bytes); };
   auto q_scale_of = [&](int i) { return reinterpret_cast<float *>(q_frag_of(i) + M::q_words); };
@@ -850,33 +861,48 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     const uint32_t n = c.token_end - c.token_begin;
     const int tiles = int((n + TILE - 1) / TILE);
 
-    // The page of token tid of tile `tile` (threads below TILE), and where its row lies there.
+    // The page of token `my_token` of tile `tile` (threads with my_token >= 0), and where its row lies there.
     // `in_chunk`: the tile is whole and in the chunk.
     auto page_of = [&](int tile, bool in_chunk) {
-      const uint32_t t = c.token_begin + tile * TILE + tid;
+      const uint32_t t = c.token_begin + tile * TILE + my_token;
       return in_chunk || (tile < tiles && t < c.token_end) ? table[t >> pool.page_shift] : pool.pages;
     };
     auto locate = [&](int tile, uint32_t page) {
-      const uint32_t t = c.token_begin + tile * TILE + tid, first = t - tid % 8, in_page = pool.page_size - 1;
+      const uint32_t t = c.token_begin + tile * TILE + my_token, first = t - uint32_t(my_token) % 8, in_page = pool.page_size - 1;
       const bool valid = page < pool.pages;
       // The eighth's rows share this row's page (and so its validity) when they share its page index.
       const bool eighth = (KB || VB) && valid && first + 7 < c.token_end && (first & in_page) + 7 <= in_page;
       return StageRow{layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0),
                       (h << pool.page_shift) + (t & in_page), valid + 2u * eighth}; // kNone, kRow or kEighth
     };
-    // Queues tile `tile` into its stage `slot`: warps 0-1 copy the K rows, warps 2-3 the V rows (the
-    // first row tile's warps; every thread commits, so the group counts agree).
+    // Queues tile `tile` into its stage `slot` (every thread commits, so the group counts agree). The
+    // first row tile's warps copy: with private rows each its own 16 tokens (lanes 0-15 K, 16-31 V),
+    // else warps 0-1 all K rows, warps 2-3 all V rows.
     auto issue = [&](int tile, int slot, bool in_chunk) {
       if (in_chunk || tile < tiles) {
         uint8_t *stage = smem + slot * M::stage_bytes;
         const StageRow *rows = stage_rows[slot];
-        uint64_t *bar = &stage_bar[slot];
-        if (tid < TILE) {
-          if constexpr (KB) bulk_row<K>(stage, rows, 0, tid, bar);
-          else copy_rows<K>(stage, rows, 0, pool.k.scale_offset, tid);
+        if constexpr (kPrivate) {
+          // K's and V's pieces by every lane (uniform instructions); lanes 0-15 K's scales, 16-31 V's.
+          if (mt == 0) {
+            const int first = slice * SUB, r = first + lane % SUB;
+            copy_rows<K, 32, SUB>(stage, rows, 0, first, lane);
+            copy_rows<V, 32, SUB>(stage + K::bytes, rows, pool.k_bytes, first, lane);
+            static_assert(K::scales == V::scales, "both quantized");
+            const bool k = lane < SUB;
+            copy_scales<K::scales>(stage + (k ? K::of_token(r) + K::data : K::bytes + V::of_token(r) + V::data), rows[r],
+                                   k ? pool.k.scale_offset : pool.k_bytes + pool.v.scale_offset);
+          }
+        } else if (tid < TILE) {
+          if constexpr (KB) bulk_row<K>(stage, rows, 0, tid, &stage_bar[slot]);
+          else copy_rows<K, TILE, TILE>(stage, rows, 0, 0, tid);
+          if constexpr (K::scales != 0) copy_scales<K::scales>(stage + K::of_token(tid) + K::data, rows[tid], pool.k.scale_offset);
         } else if (tid < 2 * TILE) {
-          if constexpr (VB) bulk_row<V>(stage + K::bytes, rows, pool.k_bytes, tid - TILE, bar);
-          else copy_rows<V>(stage + K::bytes, rows, pool.k_bytes, pool.v.scale_offset, tid - TILE);
+          const int i = tid - TILE;
+          if constexpr (VB) bulk_row<V>(stage + K::bytes, rows, pool.k_bytes, i, &stage_bar[slot]);
+          else copy_rows<V, TILE, TILE>(stage + K::bytes, rows, pool.k_bytes, 0, i);
+          if constexpr (V::scales != 0)
+            copy_scales<V::scales>(stage + K::bytes + V::of_token(i) + V::data, rows[i], pool.k_bytes + pool.v.scale_offset);
         }
       }
       cp_async_commit();
@@ -887,9 +913,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     for (int i = 0; i < 2; i++) acc.m[i] = -INFINITY, acc.l[i] = 0.0f;
     for (auto &o : acc.o) o[0] = o[1] = o[2] = o[3] = 0.0f;
 
-    if (tid < TILE)
+    if (my_token >= 0)
 #pragma unroll
-      for (int s = 0; s < M::NS; s++) stage_rows[s][tid] = locate(s, page_of(s, false));
+      for (int s = 0; s < M::NS; s++) stage_rows[s][my_token] = locate(s, page_of(s, false));
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < M::NS - 1; s++) issue(s, s, false);
@@ -937,6 +963,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
                                 M::KSTEPS * 32 * T::QW);
       }
     }
+    if constexpr (kPrivate) __syncthreads(); // the q fragments: the rounds' barriers join only a slice
 
     // Round `tile` computes stage `slot` (tile % NS) and queues tile + NS - 1 into `last`, the stage
     // the round before freed. A plain round, whose tiles up to tile + NS are whole and in the chunk,
@@ -946,20 +973,20 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       constexpr bool plain = decltype(plain_round)::value;
       issue(tile + M::NS - 1, last, plain);
       // Tile + NS's pages, read while this tile computes; located into the slot this tile frees.
-      const uint32_t next_page = tid < TILE ? page_of(tile + M::NS, plain) : 0;
+      const uint32_t next_page = my_token >= 0 ? page_of(tile + M::NS, plain) : 0;
       cp_async_wait<M::NS - 1>();
       if constexpr (KB || VB) {
         mbar_wait(&stage_bar[slot], (bar_parity >> slot) & 1);
         bar_parity ^= 1u << slot;
       }
-      __syncthreads();
+      sync_rows();
       const uint8_t *stage = smem + slot * M::stage_bytes;
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
       acc.stage(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm, qp,
                 c.token_begin + tile * TILE + T::Tok::warp_first(slice), c.token_end, visible, lane);
-      if (tid < TILE) stage_rows[slot][tid] = locate(tile + M::NS, next_page);
+      if (my_token >= 0) stage_rows[slot][my_token] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
-      __syncthreads(); // the stage is refilled next
+      sync_rows(); // the stage is refilled next
       last = slot, slot = slot + 1 == M::NS ? 0 : slot + 1;
     };
     int tile = 0;
