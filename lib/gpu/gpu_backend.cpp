@@ -244,9 +244,15 @@ class GpuBackend final : public Backend {
     p.layer = a.layer;
     p.format = uint32_t(a.format);
     launch(gather_, blocks_for(2ull * a.rows * g.kv_heads * g.head_dim, kThreads), 1, 1, &p, kThreads);
-    if (host && a.k) check(dev_->copy_to_host(a.k, p.k, row_bytes, stream_));
-    if (host && a.v) check(dev_->copy_to_host(a.v, p.v, row_bytes, stream_));
-    check(dev_->stream_synchronize(stream_));
+    if (!host) {
+      check(dev_->stream_synchronize(stream_));
+      return;
+    }
+    // K's rows, then V's from align16(row_bytes): the span of those asked for, in one transfer.
+    const uint64_t first = a.k ? 0 : align16(row_bytes), end = a.v ? align16(row_bytes) + row_bytes : row_bytes;
+    const uint8_t *rows = receive(rows_out_.ptr + first, end - first);
+    if (a.k) std::memcpy(a.k, rows, size_t(row_bytes));
+    if (a.v) std::memcpy(a.v, rows + align16(row_bytes) - first, size_t(row_bytes));
   }
 
   void prepare_decode(const PoolGeometry &g, const DecodeBatch &b) override {
@@ -337,10 +343,10 @@ class GpuBackend final : public Backend {
     }
     // The older kernels leave split sequences to the merge kernel.
     if (k.kind != DecodeKind::mma && plan.parts) launch(merge_, b.count * b.q_tokens, b.q_heads, 1, &p, std::min(256u, g.head_dim));
-    if (host) {
-      check(dev_->copy_to_host(b.out, p.out, out_bytes, stream_));
-      if (b.lse) check(dev_->copy_to_host(b.lse, p.lse, heads * 4, stream_));
-      check(dev_->stream_synchronize(stream_));
+    if (host) { // out, then lse from align16(out_bytes): one transfer
+      const uint8_t *r = receive(decode_out_.ptr, b.lse ? align16(out_bytes) + heads * 4 : out_bytes);
+      std::memcpy(b.out, r, size_t(out_bytes));
+      if (b.lse) std::memcpy(b.lse, r + align16(out_bytes), size_t(heads * 4));
     }
   }
 
@@ -699,6 +705,22 @@ class GpuBackend final : public Backend {
     return dst;
   }
 
+  // `bytes` from the device, in one transfer into a pinned buffer, waited for (with the work queued
+  // before it). Into the caller's pageable memory the runtime would stage each copy itself: a decode
+  // with host-memory results took two such copies.
+  const uint8_t *receive(DevPtr src, uint64_t bytes) {
+    if (bytes > download_.bytes) {
+      const uint64_t want = std::max<uint64_t>(bytes, 2 * download_.bytes + (1 << 20));
+      if (download_.ptr) dev_->host_free(download_.ptr);
+      download_ = {};
+      check(dev_->host_alloc(&download_.ptr, size_t(want)), " (staging)");
+      download_.bytes = want;
+    }
+    check(dev_->copy_to_host(download_.ptr, src, size_t(bytes), stream_));
+    check(dev_->stream_synchronize(stream_));
+    return static_cast<const uint8_t *>(download_.ptr);
+  }
+
   // Everything the backend made, in the device's context; the device itself is released after
   // (dev_ is destroyed last).
   void teardown() noexcept {
@@ -709,6 +731,7 @@ class GpuBackend final : public Backend {
       if (b->ptr) dev_->free(b->ptr);
     for (DeviceBuffer &b : kept_)
       if (b.ptr) dev_->free(b.ptr);
+    if (download_.ptr) dev_->host_free(download_.ptr);
     for (HostStage &h : stages_) {
       if (h.ptr) dev_->host_free(h.ptr);
       if (h.sent) dev_->event_destroy(h.sent);
@@ -745,6 +768,10 @@ class GpuBackend final : public Backend {
   };
   HostStage stages_[2];
   unsigned next_stage_ = 0;
+  struct {
+    void *ptr = nullptr;
+    uint64_t bytes = 0;
+  } download_; // receive's pinned buffer
   DeviceBuffer device_stage_, part_out_, part_lse_, counters_, decode_out_, rows_out_;
   std::vector<DeviceBuffer> kept_; // outgrown decode scratch (grow_kept)
 };
