@@ -25,6 +25,7 @@
 //    all its chunks (a counter per sequence, KV head and row tile), in chunk order, so results are the
 //    same bits every run.
 #include <math.h>
+#include <stddef.h>
 
 #include <type_traits>
 
@@ -227,6 +228,20 @@ template <uint32_t F, int D, bool SPREAD> struct Row {
   __device__ static float scale(const uint8_t *row, int group) {
     return half_to_float(reinterpret_cast<const uint16_t *>(row + data)[group]);
   }
+  // All of a row's group scales in one shared-memory load (D / 16 bytes); group g's is at(g).
+  struct Scales {
+    static constexpr int N = (D / 32 + 1) / 2; // words, two f16 scales each
+    uint32_t w[N];
+    __device__ float at(int g) const { return half_to_float(uint16_t(w[g / 2] >> (16 * (g % 2)))); }
+  };
+  __device__ static Scales scales_of(const uint8_t *row) {
+    Scales s;
+    const uint32_t *p = reinterpret_cast<const uint32_t *>(row + data);
+    if constexpr (Scales::N == 4) *reinterpret_cast<uint4 *>(s.w) = *reinterpret_cast<const uint4 *>(p);
+    else if constexpr (Scales::N == 2) *reinterpret_cast<uint2 *>(s.w) = *reinterpret_cast<const uint2 *>(p);
+    else s.w[0] = p[0];
+    return s;
+  }
 };
 
 // A warp's 16 quantized rows (R) of one 32-value group by matrix loads: w[h][i] holds bytes
@@ -308,33 +323,44 @@ struct alignas(16) StageRow {
   // kNone: the row stays zero; kRow: the row is read; kEighth: the row and the rest of its eighth of
   // the stage, 8 rows of one page in order (one bulk copy).
   enum : uint32_t { kNone = 0, kRow = 1, kEighth = 3 };
+  // One 16-byte shared-memory load (a copy of the struct takes two).
+  __device__ static StageRow load(const StageRow *p) {
+    const uint4 w = *reinterpret_cast<const uint4 *>(p);
+    return {reinterpret_cast<const uint8_t *>(uint64_t(w.y) << 32 | w.x), w.z, w.w};
+  }
 };
+static_assert(sizeof(StageRow) == 16 && offsetof(StageRow, row) == 8, "StageRow::load's layout");
 
-// Queues NR rows of a stage from `first` on, of K (or V: offset k_bytes into the block), into shared
-// memory, NT threads (j: this one): TPR threads per row take its 16-byte pieces in turn, so a thread
-// computes the addresses of its rows and issues all of its copies from them with constant offsets.
-// A warp instruction reads whole 128-byte lines (TPR * 16 bytes of a row, or whole rows when
-// shorter): the L2 serves a line as one request; half lines double the requests, and the L2 becomes
-// the limit. Quantized rows' scales: copy_scales.
-template <class R, int NT, int NR>
-__device__ __forceinline__ void copy_rows(uint8_t *dst, const StageRow *rows, uint64_t part_offset, int first, int j) {
+// Queues NR rows of a stage from `first` on into shared memory, for each of PARTS parts of the same
+// layout (K's rows, or V's: offset k_bytes into the block), NT threads (j: this one): TPR threads per
+// row take its 16-byte pieces in turn, so a thread computes the addresses of its rows and issues all
+// of its copies from them with constant offsets. A warp instruction reads whole 128-byte lines (TPR *
+// 16 bytes of a row, or whole rows when shorter): the L2 serves a line as one request; half lines
+// double the requests, and the L2 becomes the limit. Quantized rows' scales: copy_scales.
+template <class R, int NT, int NR, int PARTS>
+__device__ __forceinline__ void copy_rows(uint8_t *const (&dst)[PARTS], const uint64_t (&part_offset)[PARTS],
+                                          const StageRow *rows, int first, int j) {
   constexpr int P = R::data / 16, TPR = P < 8 ? P : 8, STEP = NT / TPR, N = NR / STEP;
   static_assert(NT % TPR == 0 && NR % STEP == 0, "the threads cover whole rows");
   const int p0 = j % TPR;
   StageRow s[N]; // all loaded first: the copies then wait on no shared-memory load
 #pragma unroll
-  for (int i = 0; i < N; i++) s[i] = rows[first + j / TPR + STEP * i];
+  for (int i = 0; i < N; i++) s[i] = StageRow::load(&rows[first + j / TPR + STEP * i]);
 #pragma unroll
   for (int i = 0; i < N; i++) {
-    const uint8_t *src = s[i].part + part_offset + uint64_t(s[i].row) * R::data + p0 * 16;
-    uint8_t *d = dst + R::of_token(first + j / TPR + STEP * i) + p0 * 16;
+    const uint8_t *src = s[i].part + uint64_t(s[i].row) * R::data + p0 * 16;
+    const uint32_t d = R::of_token(first + j / TPR + STEP * i) + p0 * 16;
 #pragma unroll
-    for (int k = 0; k < P / TPR; k++)
-      cp_async_zfill(d + TPR * 16 * k, src + TPR * 16 * k, s[i].read != StageRow::kNone);
+    for (int part = 0; part < PARTS; part++)
+#pragma unroll
+      for (int k = 0; k < P / TPR; k++)
+        cp_async_zfill(dst[part] + d + TPR * 16 * k, src + part_offset[part] + TPR * 16 * k,
+                       s[i].read != StageRow::kNone);
   }
 }
 // Queues a row's BYTES of scales to `dst` from the scales at `offset` in its page part.
-template <uint32_t BYTES> __device__ __forceinline__ void copy_scales(uint8_t *dst, const StageRow &s, uint64_t offset) {
+template <uint32_t BYTES> __device__ __forceinline__ void copy_scales(uint8_t *dst, const StageRow *row, uint64_t offset) {
+  const StageRow s = StageRow::load(row);
   cp_async_small_zfill<BYTES>(dst, s.part + offset + uint64_t(s.row) * BYTES, s.read != StageRow::kNone);
 }
 
@@ -343,7 +369,7 @@ template <uint32_t BYTES> __device__ __forceinline__ void copy_scales(uint8_t *d
 // nothing to read). Every copying thread arrives once.
 template <class R>
 __device__ __forceinline__ void bulk_row(uint8_t *dst, const StageRow *rows, uint64_t part_offset, int i, uint64_t *bar) {
-  const StageRow s = rows[i];
+  const StageRow s = StageRow::load(&rows[i]);
   uint8_t *d = dst + R::of_token(i);
   if (s.read == StageRow::kEighth) {
     const bool mine = i % 8 == 0;
@@ -450,7 +476,7 @@ template <int D, uint32_t KF, uint32_t VF> struct TileBase {
 template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   using B = TileBase<D, KF, VF>;
   using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::P_F16, B::P_PARTS, B::KSTEPS, B::GROUPS;
-  static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8;
+  static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8, MAX_TILES = 2; // row tiles a block
   float o[NT][4], m[2], l[2];
 
   __device__ static int row_of_thread(int lane, int i) { return lane / 4 + 8 * i; }
@@ -610,7 +636,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
 template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
   using B = TileBase<D, KF, VF>;
   using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::P_F16, B::P_PARTS, B::KSTEPS, B::GROUPS;
-  static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16;
+  static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16, MAX_TILES = 1;
   float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2
 
   __device__ static int row_of_thread(int lane, int i) { return 2 * (lane % 4) + i; }
@@ -631,7 +657,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
     // S^T: s[e] token gid + 8 (e / 2), row 2 tig + e % 2.
     float s[4] = {};
     if constexpr (K::quantized) {
-      const uint8_t *k0 = krow(gid, 0), *k1 = krow(gid, 1);
+      const typename K::Scales ks0 = K::scales_of(krow(gid, 0)), ks1 = K::scales_of(krow(gid, 1));
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
         uint32_t w[2][2];
@@ -645,7 +671,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
         int acc[2][4];
         mma_s8(acc[0], a, b.x, b.y, c[0]);
         mma_s8(acc[1], a, b.z, b.w, c[1]);
-        const float ks[2] = {K::scale(k0, g), K::scale(k1, g)};
+        const float ks[2] = {ks0.at(g), ks1.at(g)};
         const float scale[4] = {ks[0] * sb.x, ks[0] * sb.y, ks[1] * sb.x, ks[1] * sb.y};
 #pragma unroll
         for (int e = 0; e < 4; e++) s[e] += float(acc[0][e] * 128 + acc[1][e]) * scale[e];
@@ -785,12 +811,13 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const uint32_t block_rows = ROWS * MT;
   // Quantized K and V rows lie in MMA-row order (warp w's 16 tokens from row 16 w): a warp copies the
   // rows it computes (the first row tile's warp; the other tile's warp of the slice shares them), so
-  // a round waits for its slice's warps (a named barrier), not the block's. `my_token`: the token of the
-  // stage whose page this thread looks up, if any.
+  // a round waits for its slice's warps (the warp itself, or a named barrier of two), not the block's.
+  // `my_token`: the token of the stage whose page this thread looks up, if any.
   constexpr bool kPrivate = !T::Tok::spread;
   const int my_token = kPrivate ? (mt == 0 && lane < SUB ? slice * SUB + lane : -1) : (tid < TILE ? tid : -1);
   auto sync_rows = [&] {
-    if constexpr (kPrivate) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + slice), "r"(32 * MT) : "memory");
+    if constexpr (kPrivate && T::MAX_TILES == 1) __syncwarp();
+    else if constexpr (kPrivate) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + slice), "r"(32 * MT) : "memory");
     else __syncthreads();
   };
   // Row tile i's q fragments and (quantized K) scales.
@@ -883,26 +910,31 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         uint8_t *stage = smem + slot * M::stage_bytes;
         const StageRow *rows = stage_rows[slot];
         if constexpr (kPrivate) {
-          // K's and V's pieces by every lane (uniform instructions); lanes 0-15 K's scales, 16-31 V's.
+          // K's and V's pieces by every lane (uniform instructions; one row lookup for both where
+          // they have one format); lanes 0-15 K's scales, 16-31 V's.
           if (mt == 0) {
             const int first = slice * SUB, r = first + lane % SUB;
-            copy_rows<K, 32, SUB>(stage, rows, 0, first, lane);
-            copy_rows<V, 32, SUB>(stage + K::bytes, rows, pool.k_bytes, first, lane);
+            if constexpr (std::is_same_v<K, V>) {
+              copy_rows<K, 32, SUB, 2>({stage, stage + K::bytes}, {0, pool.k_bytes}, rows, first, lane);
+            } else {
+              copy_rows<K, 32, SUB, 1>({stage}, {0}, rows, first, lane);
+              copy_rows<V, 32, SUB, 1>({stage + K::bytes}, {pool.k_bytes}, rows, first, lane);
+            }
             static_assert(K::scales == V::scales, "both quantized");
             const bool k = lane < SUB;
-            copy_scales<K::scales>(stage + (k ? K::of_token(r) + K::data : K::bytes + V::of_token(r) + V::data), rows[r],
+            copy_scales<K::scales>(stage + (k ? K::of_token(r) + K::data : K::bytes + V::of_token(r) + V::data), &rows[r],
                                    k ? pool.k.scale_offset : pool.k_bytes + pool.v.scale_offset);
           }
         } else if (tid < TILE) {
           if constexpr (KB) bulk_row<K>(stage, rows, 0, tid, &stage_bar[slot]);
-          else copy_rows<K, TILE, TILE>(stage, rows, 0, 0, tid);
-          if constexpr (K::scales != 0) copy_scales<K::scales>(stage + K::of_token(tid) + K::data, rows[tid], pool.k.scale_offset);
+          else copy_rows<K, TILE, TILE, 1>({stage}, {0}, rows, 0, tid);
+          if constexpr (K::scales != 0) copy_scales<K::scales>(stage + K::of_token(tid) + K::data, &rows[tid], pool.k.scale_offset);
         } else if (tid < 2 * TILE) {
           const int i = tid - TILE;
           if constexpr (VB) bulk_row<V>(stage + K::bytes, rows, pool.k_bytes, i, &stage_bar[slot]);
-          else copy_rows<V, TILE, TILE>(stage + K::bytes, rows, pool.k_bytes, 0, i);
+          else copy_rows<V, TILE, TILE, 1>({stage + K::bytes}, {pool.k_bytes}, rows, 0, i);
           if constexpr (V::scales != 0)
-            copy_scales<V::scales>(stage + K::bytes + V::of_token(i) + V::data, rows[i], pool.k_bytes + pool.v.scale_offset);
+            copy_scales<V::scales>(stage + K::bytes + V::of_token(i) + V::data, &rows[i], pool.k_bytes + pool.v.scale_offset);
         }
       }
       cp_async_commit();
