@@ -262,14 +262,6 @@ __device__ __forceinline__ void group_words(const uint8_t *rows, int g, int lane
     w[0][0] = x[0], w[1][0] = x[1], w[0][1] = w[1][1] = 0;
   }
 }
-// K as int8 MMA operands: w[h][i] holds values 16 i + 4t .. 16 i + 4t + 3 of MMA row c + 8h, a byte
-// each (Q4_0: 0..15; the dot product subtracts 8 times q's sum instead).
-template <class R> __device__ __forceinline__ void k_group(const uint8_t *rows, int g, int lane, uint32_t (&w)[2][2]) {
-  group_words<R, false>(rows, g, lane, w);
-  if constexpr (R::format == Q4_0)
-#pragma unroll
-    for (int h = 0; h < 2; h++) w[h][1] = (w[h][0] >> 4) & 0x0f0f0f0fu, w[h][0] &= 0x0f0f0f0fu;
-}
 // (x & M) ^ C (XOR) or (x & M) | C; ONE: as one LOP3 (ptxas keeps C in a register for the loop;
 // written in C it takes two LOP3s with an immediate each).
 template <uint32_t M, uint32_t C, bool XOR, bool ONE> __device__ __forceinline__ uint32_t mask_then(uint32_t x) {
@@ -277,6 +269,19 @@ template <uint32_t M, uint32_t C, bool XOR, bool ONE> __device__ __forceinline__
   uint32_t y;
   asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(y) : "r"(x), "n"(M), "n"(C), "n"(XOR ? 0x6a : 0xea));
   return y;
+}
+// K as int8 MMA operands: w[h][i] holds values 16 i + 4t .. 16 i + 4t + 3 of MMA row c + 8h, a byte
+// each; Q4_0's as 16 times the value: a nibble n (the value n - 8) in a byte's high half with its top
+// bit flipped is 16 (n - 8) in two's complement, one logic op (after a shift for a low nibble), so
+// the dot products need no correction for the 8 (q's scale carries the 1/16).
+template <class R> __device__ __forceinline__ void k_group(const uint8_t *rows, int g, int lane, uint32_t (&w)[2][2]) {
+  group_words<R, false>(rows, g, lane, w);
+  if constexpr (R::format == Q4_0)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      w[h][1] = mask_then<0xf0f0f0f0u, 0x80808080u, true, true>(w[h][0]);
+      w[h][0] = mask_then<0xf0f0f0f0u, 0x80808080u, true, true>(w[h][0] << 4);
+    }
 }
 // V: value v_value(c, j) of the tokens in group_words<R, true>'s w[h] as an f16 pair, exactly and
 // without a conversion instruction: a mask and a logic operation put the value into an f16 whose
@@ -508,11 +513,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
           const uint4 a4 = reinterpret_cast<const uint4 *>(q_frag)[(g * 2 + part) * 32 + lane];
           a[part][0] = a4.x, a[part][1] = a4.y, a[part][2] = a4.z, a[part][3] = a4.w;
         }
-        // Rows gid, gid + 8: scales, and Q4_0's biases, added to the dot products (through an MMA's
-        // accumulator input they would stay live across both n-tiles and spill); Q8_0 has none.
-        const float4 sb = reinterpret_cast<const float4 *>(q_scale)[g * ROWS / 2 + gid];
-        const float qs[2] = {sb.x, sb.y};
-        const int bq[2] = {KF == Q4_0 ? __float_as_int(sb.z) : 0, KF == Q4_0 ? __float_as_int(sb.w) : 0};
+        const float2 qs = reinterpret_cast<const float2 *>(q_scale)[g * ROWS / 2 + gid]; // rows gid, gid + 8
         const int c[4] = {0, 0, 0, 0};
         uint32_t w[2][2];
         k_group<K>(k_rows, g, lane, w);
@@ -524,7 +525,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
           const float ks[2] = {K::scale(krow(2 * tig, j), g), K::scale(krow(2 * tig + 1, j), g)};
 #pragma unroll
           for (int e = 0; e < 4; e++)
-            s[4 * j + e] += float(acc[0][e] * 128 + acc[1][e] + bq[e / 2]) * (qs[e / 2] * ks[e & 1]);
+            s[4 * j + e] += float(acc[0][e] * 128 + acc[1][e]) * ((e / 2 ? qs.y : qs.x) * ks[e & 1]);
         }
       }
     } else {
@@ -664,13 +665,11 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
         k_group<K>(k_rows, g, lane, w);
         const uint32_t a[4] = {w[0][0], w[1][0], w[0][1], w[1][1]};
         const uint4 b = reinterpret_cast<const uint4 *>(q_frag)[g * 32 + lane]; // both parts
-        // Rows 2 tig, + 1: scales, and Q4_0's biases (as Wide), here through the accumulator input.
-        const float4 sb = reinterpret_cast<const float4 *>(q_scale)[g * ROWS / 2 + tig];
-        const int bias[2] = {KF == Q4_0 ? __float_as_int(sb.z) : 0, KF == Q4_0 ? __float_as_int(sb.w) : 0};
-        const int c[2][4] = {{0, 0, 0, 0}, {bias[0], bias[1], bias[0], bias[1]}};
+        const float2 sb = reinterpret_cast<const float2 *>(q_scale)[g * ROWS / 2 + tig]; // rows 2 tig, + 1
+        const int c[4] = {0, 0, 0, 0};
         int acc[2][4];
-        mma_s8(acc[0], a, b.x, b.y, c[0]);
-        mma_s8(acc[1], a, b.z, b.w, c[1]);
+        mma_s8(acc[0], a, b.x, b.y, c);
+        mma_s8(acc[1], a, b.z, b.w, c);
         const float ks[2] = {ks0.at(g), ks1.at(g)};
         const float scale[4] = {ks[0] * sb.x, ks[0] * sb.y, ks[1] * sb.x, ks[1] * sb.y};
 #pragma unroll
@@ -769,10 +768,9 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   static constexpr int ROWS = T::ROWS, KSTEPS = T::KSTEPS, GROUPS = T::GROUPS, SPLIT = T::SPLIT;
   static constexpr uint32_t stage_bytes = K::bytes + V::bytes;
   // q fragments: float K [split][kstep][lane][QW words]; quantized K by group (T::q_word), then per
-  // group a float4 for each pair of rows a thread takes (T::scale_pair): their scales, then their
-  // biases (int, added to the second part's dot product).
+  // group a float2 for each pair of rows a thread takes (T::scale_pair): their scales.
   static constexpr uint32_t q_words = (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
-  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? 2 * GROUPS * ROWS * 4 : 0);
+  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
   static constexpr uint32_t combine_tile_bytes = (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4;
@@ -965,9 +963,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
 #pragma unroll
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f; // q1 steps of amax / 127
-        float *scale = q_scale_of(i_tile) + (g * ROWS / 2 + T::scale_pair(r)) * 4 + T::scale_half(r);
-        scale[0] = amax / (127.0f * 128.0f);
-        int sum = 0; // of 128 q1 + q2 over the group
+        // Q4_0's K values enter as 16 times their value (k_group).
+        q_scale_of(i_tile)[(g * ROWS / 2 + T::scale_pair(r)) * 2 + T::scale_half(r)] =
+            amax / (127.0f * 128.0f * (KF == Q4_0 ? 16.0f : 1.0f));
 #pragma unroll
         for (int k = 0; k < 8; k++) { // four values a word
           uint32_t w[2] = {0, 0};
@@ -975,14 +973,12 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
           for (int b = 0; b < 4; b++) {
             const float x = v[4 * k + b] * inv;
             const int q1 = __float2int_rn(x), q2 = __float2int_rn((x - float(q1)) * 128.0f);
-            sum += 128 * q1 + q2;
             w[0] |= uint32_t(uint8_t(int8_t(q1))) << (8 * b);
             w[1] |= uint32_t(uint8_t(int8_t(q2))) << (8 * b);
           }
 #pragma unroll
           for (int part = 0; part < 2; part++) frag[T::q_word(g, part, T::q_slot(r, k))] = w[part];
         }
-        scale[2] = __int_as_float(KF == Q4_0 ? -8 * sum : 0);
       }
     } else {
       for (int e = tid; e < MT * M::KSTEPS * ROWS; e += threads) {

@@ -609,7 +609,7 @@ class GpuBackend final : public Backend {
     const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
     const unsigned lane_bytes = rows; // rows / 4 words
     const unsigned stage = mma_stage_bytes(g);
-    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + 2 * (D / 32) * rows * 4
+    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + (D / 32) * rows * 4
                                                 : 2 * (D / 16) * 32 * lane_bytes;
     const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
     return std::max(stages * stage + mtiles * q, combine);
