@@ -399,35 +399,42 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 }
 
 // Online softmax over a warp's 16 tokens of a stage, NE scores a thread: score e belongs to the
-// thread's row row_of(e) (0 or 1) and to token token_of(e). Hides what a row may not see, moves each
-// row's running max (`reduce` takes the max over the lanes that share the row), rescales the output
-// through rescale(correction) when a row's max moved, and leaves the weights P in s.
-template <int NE, class RowOf, class TokenOf, class Reduce, class Rescale>
+// thread's row row_of(e) (0 or 1) and to token token_of(e). MASK: hides what a row may not see (tokens
+// past the chunk, past a speculative token's position, every token from a padding row), and leaves
+// the weights P = 2^(s - m) in s. A row's base m moves only when a score passes it: to that stage's
+// max (`reduce` takes the max over the lanes that share the row) plus kMaxSlack, the output rescaled
+// through rescale(correction). So weights stay at most 1, and most stages, whose scores stay under
+// the base, take no reduction over the lanes (a serial chain of shuffles) and no exponential of a
+// correction.
+constexpr float kMaxSlack = 1.0f; // log2 units
+template <bool MASK, int NE, class RowOf, class TokenOf, class Reduce, class Rescale>
 __device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[2], float (&l)[2], const uint32_t (&visible)[2],
                                                uint32_t token_end, RowOf row_of, TokenOf token_of, Reduce reduce,
                                                Rescale rescale) {
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int e = 0; e < NE; e++) {
-    const uint32_t t = token_of(e);
-    const bool seen = t < token_end && t < visible[row_of(e)];
-    s[e] = seen ? s[e] : -INFINITY;
+    if (MASK) {
+      const uint32_t t = token_of(e);
+      s[e] = t < token_end && t < visible[row_of(e)] ? s[e] : -INFINITY;
+    }
     tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
   }
-  float correction[2], base[2];
+  if (__any_sync(0xffffffffu, tile_max[0] > m[0] || tile_max[1] > m[1])) {
+    float correction[2];
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const float m_new = fmaxf(m[i], reduce(tile_max[i]));
-    base[i] = m_new == -INFINITY ? 0.0f : m_new; // nothing seen yet: every weight is 0
-    // 1 for a row that has seen nothing (a padding row of the tile, too): no rescale for it.
-    correction[i] = m_new == -INFINITY ? 1.0f : exp2_ftz(m[i] - base[i]);
-    m[i] = m_new;
-    l[i] *= correction[i];
+    for (int i = 0; i < 2; i++) {
+      const float top = reduce(tile_max[i]), m_new = top > m[i] ? top + kMaxSlack : m[i];
+      // 1 where the base stays (a row that has seen nothing, a padding row of the tile, too).
+      correction[i] = m_new == m[i] ? 1.0f : exp2_ftz(m[i] - m_new);
+      m[i] = m_new;
+      l[i] *= correction[i];
+    }
+    rescale(correction);
   }
-  if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(correction); // a max moved
 #pragma unroll
   for (int e = 0; e < NE; e++) {
-    s[e] = exp2_ftz(s[e] - base[row_of(e)]);
+    s[e] = exp2_ftz(s[e] - (m[row_of(e)] == -INFINITY ? 0.0f : m[row_of(e)])); // nothing seen yet: weights 0
     l[row_of(e)] += s[e];
   }
 }
@@ -496,6 +503,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   __device__ static int scale_pair(int r) { return r % 8; }
   __device__ static int scale_half(int r) { return r / 8; }
 
+  template <bool MASK>
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
                         const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
     const int gid = lane / 4, tig = lane % 4;
@@ -555,7 +563,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
           s[4 * j + e] = ((part[j][3][e] + part[j][2][e]) + (part[j][1][e] + part[j][0][e])) * qp.mul;
     }
 
-    online_softmax(
+    online_softmax<MASK>(
         s, m, l, visible, token_end, [](int e) { return (e / 2) % 2; },
         [t0 = t_warp + Tok::of_row(2 * tig)](int e) { return t0 + Tok::of_row(8 * (e / 4) + e % 2); },
         lanes_max<ROW_LANES>,
@@ -650,6 +658,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
   __device__ static int scale_pair(int r) { return r / 2; }
   __device__ static int scale_half(int r) { return r % 2; }
 
+  template <bool MASK>
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
                         const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
     const int gid = lane / 4, tig = lane % 4;
@@ -692,7 +701,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
       for (int e = 0; e < 4; e++) s[e] = ((part[3][e] + part[2][e]) + (part[1][e] + part[0][e])) * qp.mul;
     }
 
-    online_softmax(
+    online_softmax<MASK>(
         s, m, l, visible, token_end, [](int e) { return e % 2; },
         [t0 = t_warp + Tok::of_row(gid)](int e) { return t0 + Tok::of_row(8 * (e / 2)); }, lanes_max<ROW_LANES>,
         [&](const float (&c)[2]) {
@@ -1010,7 +1019,10 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       sync_rows();
       const uint8_t *stage = smem + slot * M::stage_bytes;
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
-      acc.stage(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm, qp,
+      // A plain round's tokens are all visible to every row: none is within NS tiles of the chunk's end
+      // (a speculative row sees all but the last few tokens of the sequence); padding rows' weights
+      // go nowhere.
+      acc.template stage<!plain>(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm, qp,
                 c.token_begin + tile * TILE + T::Tok::warp_first(slice), c.token_end, visible, lane);
       if (my_token >= 0) stage_rows[slot][my_token] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
