@@ -401,13 +401,15 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // Online softmax over a warp's 16 tokens of a stage, NE scores a thread: score e belongs to the
 // thread's row row_of(e) (0 or 1) and to token token_of(e). MASK: hides what a row may not see (tokens
 // past the chunk, past a speculative token's position, every token from a padding row), and leaves
-// the weights P = 2^(s - m) in s. A row's base m moves only when a score passes it: to that stage's
-// max (`reduce` takes the max over the lanes that share the row) plus kMaxSlack, the output rescaled
-// through rescale(correction). So weights stay at most 1, and most stages, whose scores stay under
-// the base, take no reduction over the lanes (a serial chain of shuffles) and no exponential of a
-// correction.
+// the weights P = 2^(s - m) in s. LAZY: a row's base m moves only when a score passes it, to that
+// stage's max (`reduce` takes the max over the lanes that share the row) plus kMaxSlack; else it is
+// the running max, reduced every stage. The output is rescaled through rescale(correction) when a
+// base moves. Weights stay at most 1 either way; lazily, most stages, whose scores stay under the
+// base, take no reduction over the lanes (a serial chain of shuffles) and no exponential of a
+// correction, only a vote before them (where a stage's time is its serial chain, as in the float
+// narrow tile at one block a multiprocessor, that measured 1-2% slower than reducing every stage).
 constexpr float kMaxSlack = 1.0f; // log2 units
-template <bool MASK, int NE, class RowOf, class TokenOf, class Reduce, class Rescale>
+template <bool MASK, bool LAZY, int NE, class RowOf, class TokenOf, class Reduce, class Rescale>
 __device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[2], float (&l)[2], const uint32_t (&visible)[2],
                                                uint32_t token_end, RowOf row_of, TokenOf token_of, Reduce reduce,
                                                Rescale rescale) {
@@ -420,17 +422,17 @@ __device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[2], fl
     }
     tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
   }
-  if (__any_sync(0xffffffffu, tile_max[0] > m[0] || tile_max[1] > m[1])) {
+  if (!LAZY || __any_sync(0xffffffffu, tile_max[0] > m[0] || tile_max[1] > m[1])) {
     float correction[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      const float top = reduce(tile_max[i]), m_new = top > m[i] ? top + kMaxSlack : m[i];
+      const float top = reduce(tile_max[i]), m_new = top > m[i] ? top + (LAZY ? kMaxSlack : 0.0f) : m[i];
       // 1 where the base stays (a row that has seen nothing, a padding row of the tile, too).
       correction[i] = m_new == m[i] ? 1.0f : exp2_ftz(m[i] - m_new);
       m[i] = m_new;
       l[i] *= correction[i];
     }
-    rescale(correction);
+    if (LAZY || __any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(correction);
   }
 #pragma unroll
   for (int e = 0; e < NE; e++) {
@@ -481,6 +483,9 @@ template <int D, uint32_t KF, uint32_t VF> struct TileBase {
   static constexpr bool P_F16 = quantized_format(VF) || VF == F16;
   static constexpr int P_PARTS = quantized_format(KF) && quantized_format(VF) ? 1 : SPLIT;
   enum : int { KSTEPS = D / 16, GROUPS = D / 32 }; // 16-wide k-steps, 32-value groups
+  // The narrow tile's base moves lazily (online_softmax) where a page format is quantized; the wide
+  // tile's always.
+  static constexpr bool LAZY_MAX = quantized_format(KF) || quantized_format(VF);
 };
 
 // Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
@@ -563,7 +568,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
           s[4 * j + e] = ((part[j][3][e] + part[j][2][e]) + (part[j][1][e] + part[j][0][e])) * qp.mul;
     }
 
-    online_softmax<MASK>(
+    online_softmax<MASK, true>(
         s, m, l, visible, token_end, [](int e) { return (e / 2) % 2; },
         [t0 = t_warp + Tok::of_row(2 * tig)](int e) { return t0 + Tok::of_row(8 * (e / 4) + e % 2); },
         lanes_max<ROW_LANES>,
@@ -701,7 +706,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
       for (int e = 0; e < 4; e++) s[e] = ((part[3][e] + part[2][e]) + (part[1][e] + part[0][e])) * qp.mul;
     }
 
-    online_softmax<MASK>(
+    online_softmax<MASK, B::LAZY_MAX>(
         s, m, l, visible, token_end, [](int e) { return e % 2; },
         [t0 = t_warp + Tok::of_row(gid)](int e) { return t0 + Tok::of_row(8 * (e / 2)); }, lanes_max<ROW_LANES>,
         [&](const float (&c)[2]) {
