@@ -915,8 +915,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
                       (h << pool.page_shift) + (t & in_page), valid + 2u * eighth}; // kNone, kRow or kEighth
     };
     // Queues tile `tile` into its stage `slot` (every thread commits, so the group counts agree). The
-    // first row tile's warps copy: with private rows each its own 16 tokens (lanes 0-15 K, 16-31 V),
-    // else warps 0-1 all K rows, warps 2-3 all V rows.
+    // first row tile's warps copy: with private rows each the K and V rows of its own 16 tokens, else
+    // warps 0-1 all K rows, warps 2-3 all V rows.
     auto issue = [&](int tile, int slot, bool in_chunk) {
       if (in_chunk || tile < tiles) {
         uint8_t *stage = smem + slot * M::stage_bytes;
