@@ -48,8 +48,9 @@ static const struct tolerance {
     {PKV_FORMAT_F32, 1e-4, 1e-4},
     {PKV_FORMAT_F16, 1e-4, 1e-4},
     {PKV_FORMAT_BF16, 1e-4, 1e-4},
-    /* a GPU backend may round q to int8 per 32-group and dot it against K's int8 quants: each logit then
-     * moves by ~0.4% of the logits' spread (kept <= ~1 for these rows), hence ~1e-2 */
+    /* a GPU backend may round q to int8 per 32-group and dot it against K's int8 quants, or round q and
+     * K's scaled values to f16: each logit then moves by ~0.4% of the logits' spread (kept <= ~1 for
+     * these rows) at most, hence ~1e-2 */
     {PKV_FORMAT_Q8_0, 1e-2, 1e-2},
     {PKV_FORMAT_Q4_0, 1e-2, 1e-2},
 };
@@ -466,12 +467,15 @@ static const shape split[] = {
 static const uint32_t chunks[] = {UINT32_MAX, 0, 1, 2, 3}; /* the first is the reference */
 
 /* Speculative verification: 2, 4 or 8 query tokens per sequence (by row), each seeing the context up
- * to itself, split and unsplit. */
+ * to itself, split and unsplit. Where K and V are quantized, 9-32 query rows a KV head take the
+ * tensor-core kernel's narrow tile of 2 or 4 n-tiles (more rows: several of them). */
 static const shape spec[] = {
     {F16, F16, 128, 2, 4, 16, F16, F32, F32, 0.0f},
     {BF16, BF16, 256, 1, 6, 4, BF16, BF16, F32, 0.0f},
     {Q8_0, Q4_0, 64, 2, 8, 8, F32, F16, F16, 0.2f},
     {F32, Q8_0, 128, 1, 1, 64, F32, F32, F32, 0.0f},
+    {Q4_0, Q4_0, 128, 2, 4, 16, F16, F16, F32, 0.0f},
+    {Q8_0, Q8_0, 128, 1, 6, 64, BF16, F32, BF16, 0.1f},
 };
 static const uint32_t spec_tokens[] = {2, 4, 8};
 

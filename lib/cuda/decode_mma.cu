@@ -233,6 +233,7 @@ template <uint32_t F, int D, bool SPREAD> struct Row {
     static constexpr int N = (D / 32 + 1) / 2; // words, two f16 scales each
     uint32_t w[N];
     __device__ float at(int g) const { return half_to_float(uint16_t(w[g / 2] >> (16 * (g % 2)))); }
+    __device__ uint32_t pair(int g) const { return __byte_perm(w[g / 2], 0, g % 2 ? 0x3232 : 0x1010); } // (at(g), at(g)) in f16
   };
   __device__ static Scales scales_of(const uint8_t *row) {
     Scales s;
@@ -399,7 +400,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 }
 
 // Online softmax over a warp's 16 tokens of a stage, NE scores a thread: score e belongs to the
-// thread's row row_of(e) (0 or 1) and to token token_of(e). MASK: hides what a row may not see (tokens
+// thread's row row_of(e) (of NR) and to token token_of(e). MASK: hides what a row may not see (tokens
 // past the chunk, past a speculative token's position, every token from a padding row), and leaves
 // the weights P = 2^(s - m) in s. LAZY: a row's base m moves only when a score passes it, to that
 // stage's max (`reduce` takes the max over the lanes that share the row) plus kMaxSlack; else it is
@@ -409,11 +410,14 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // correction, only a vote before them (where a stage's time is its serial chain, as in the float
 // narrow tile at one block a multiprocessor, that measured 1-2% slower than reducing every stage).
 constexpr float kMaxSlack = 1.0f; // log2 units
-template <bool MASK, bool LAZY, int NE, class RowOf, class TokenOf, class Reduce, class Rescale>
-__device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[2], float (&l)[2], const uint32_t (&visible)[2],
+template <bool MASK, bool LAZY, int NE, int NR, class RowOf, class TokenOf, class Reduce, class Rescale>
+__device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[NR], float (&l)[NR], const uint32_t (&visible)[NR],
                                                uint32_t token_end, RowOf row_of, TokenOf token_of, Reduce reduce,
                                                Rescale rescale) {
-  float tile_max[2] = {-INFINITY, -INFINITY};
+  float tile_max[NR];
+  bool passed = false, moved = false;
+#pragma unroll
+  for (int i = 0; i < NR; i++) tile_max[i] = -INFINITY;
 #pragma unroll
   for (int e = 0; e < NE; e++) {
     if (MASK) {
@@ -422,17 +426,20 @@ __device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[2], fl
     }
     tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
   }
-  if (!LAZY || __any_sync(0xffffffffu, tile_max[0] > m[0] || tile_max[1] > m[1])) {
-    float correction[2];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < NR; i++) passed |= tile_max[i] > m[i];
+  if (!LAZY || __any_sync(0xffffffffu, passed)) {
+    float correction[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
       const float top = reduce(tile_max[i]), m_new = top > m[i] ? top + (LAZY ? kMaxSlack : 0.0f) : m[i];
       // 1 where the base stays (a row that has seen nothing, a padding row of the tile, too).
       correction[i] = m_new == m[i] ? 1.0f : exp2_ftz(m[i] - m_new);
+      moved |= correction[i] != 1.0f;
       m[i] = m_new;
       l[i] *= correction[i];
     }
-    if (LAZY || __any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(correction);
+    if (LAZY || __any_sync(0xffffffffu, moved)) rescale(correction);
   }
 #pragma unroll
   for (int e = 0; e < NE; e++) {
@@ -486,6 +493,7 @@ template <int D, uint32_t KF, uint32_t VF> struct TileBase {
   // The narrow tile's base moves lazily (online_softmax) where a page format is quantized; the wide
   // tile's always.
   static constexpr bool LAZY_MAX = quantized_format(KF) || quantized_format(VF);
+  static constexpr bool Q_F16 = false; // q in the layouts above (Narrow's many n-tiles: one f16 part)
 };
 
 // Wide: 16 query rows on the MMA's M dimension, tokens on N. For a tile of many rows (large GQA
@@ -494,7 +502,8 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   using B = TileBase<D, KF, VF>;
   using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::P_F16, B::P_PARTS, B::KSTEPS, B::GROUPS;
   static constexpr int ROWS = PKV_MMA_ROWS, QW = 4, NT = D / 8, MAX_TILES = 2; // row tiles a block
-  float o[NT][4], m[2], l[2];
+  static constexpr int TROWS = 2; // rows a thread holds
+  float o[NT][4], m[TROWS], l[TROWS];
 
   __device__ static int row_of_thread(int lane, int i) { return lane / 4 + 8 * i; }
   static constexpr int ROW_LANES = 3; // the lane bits of the threads sharing a row
@@ -635,25 +644,34 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   }
 
   // Where accumulator e of o[n] lies: its query row and output column.
-  __device__ static int acc_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
+  __device__ static int acc_row(int lane, int, int e) { return lane / 4 + 8 * (e / 2); }
   __device__ static int acc_col(int lane, int n, int e) {
     const int c = 2 * (lane % 4) + (e & 1); // column within the n-tile
     return V::quantized ? (n / 4) * 32 + v_value(c, n % 4) : n * 8 + c;
   }
 };
 
-// Narrow: 8 query rows on the MMA's N dimension, the warp's 16 tokens on M (S^T = K Q^T,
-// O^T = V^T P^T), for the common decode of one token and a GQA group of up to 8: no MMA row is
-// padding when the group is 8, and half the MMAs, scale products and softmax work of Wide. A
-// thread holds tokens gid, gid + 8 of rows 2 tig, 2 tig + 1; P goes back to the MMA as the B
-// operand through a register transpose (movmatrix) of each 8x8 half.
-template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
+// Narrow: query rows on the MMA's N dimension, NT n-tiles of 8, the warp's 16 tokens on M
+// (S^T = K Q^T, O^T = V^T P^T). One n-tile serves the common decode of one token and a GQA group of
+// up to 8: no MMA row is padding when the group is 8, and half the MMAs, scale products and softmax
+// work of Wide. Two or four serve speculative tokens where K and V are quantized: each K and V
+// fragment, converted once, serves every n-tile, where Wide converts it again for each row tile
+// and each 16 rows. A thread holds tokens gid, gid + 8 of rows 8 nt + 2 tig, + 1; P goes back to the
+// MMA as the B operand through a register transpose (movmatrix) of each 8x8 half.
+//  - Quantized K with one n-tile: int8 MMAs against q's two int8 parts (TileBase). With more: each K
+//    pair becomes f16 (v_pair_f16) times its token's group scale, dotted against q in one f16 part:
+//    the int8 path's per-group scale products grow with the rows, this conversion does not (K's
+//    values are rounded to f16 after scaling, q to f16: ~11 bits each, more than Q8_0/Q4_0 keep).
+template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, KF, VF> {
   using B = TileBase<D, KF, VF>;
   using typename B::K, typename B::V, typename B::Tok, B::SPLIT, B::P_F16, B::P_PARTS, B::KSTEPS, B::GROUPS;
-  static constexpr int ROWS = PKV_MMA_NARROW_ROWS, QW = 2, MT = D / 16, MAX_TILES = 1;
-  float o[MT][4], m[2], l[2]; // o[mt]: dims 16 mt + gid (+ 8 for e >= 2), rows 2 tig + e % 2
+  static_assert(NT == 1 || (K::quantized && V::quantized), "several n-tiles where K and V are quantized");
+  static constexpr int ROWS = PKV_MMA_NARROW_ROWS * NT, QW = 2, MT = D / 16, MAX_TILES = 1, TROWS = 2 * NT;
+  static constexpr bool Q_F16 = NT > 1; // q in one f16 part (above), else as TileBase says
+  // o[NT * mt + nt]: dims 16 mt + gid (+ 8 for e >= 2), rows 8 nt + 2 tig + e % 2; m, l: row_of_thread.
+  float o[MT * NT][4], m[TROWS], l[TROWS];
 
-  __device__ static int row_of_thread(int lane, int i) { return 2 * (lane % 4) + i; }
+  __device__ static int row_of_thread(int lane, int i) { return 8 * (i / 2) + 2 * (lane % 4) + i % 2; }
   static constexpr int ROW_LANES = 28; // the lane bits of the threads sharing a row
   // A B-fragment: word `reg` of lane (g, t) holds row g, values 2t, 2t + 1 (+ 8 when reg = 1) of a
   // 16-wide k-step; for int8 k32 steps 4t .. 4t + 3 (+ 16).
@@ -662,16 +680,46 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
   __device__ static int q_word(int g, int part, int slot) { return ((g * 32 + slot / QW) * 2 + part) * QW + slot % QW; }
   __device__ static int scale_pair(int r) { return r / 2; }
   __device__ static int scale_half(int r) { return r % 2; }
+  // Q_F16: where q's f16 pair of values 16 st + 4t + {b, b + 2} (st < 2, t < 4, b < 2) of group g of row
+  // r lies: the two k-steps of a group's B-fragments a lane takes for one n-tile in one 16-byte read
+  // (word 2 st + b). These are the values k_pair puts at the same places of K's A-fragments.
+  __device__ static int q_f16_word(int g, int r, int st, int t, int b) {
+    return ((g * NT + r / 8) * 32 + (r % 8) * 4 + t) * 4 + 2 * st + b;
+  }
 
   template <bool MASK>
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
-                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
+                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[TROWS],
+                        int lane) {
     const int gid = lane / 4, tig = lane % 4;
     auto krow = [&](int r, int h) { return K::row(k_rows, r, h); };
     auto vrow = [&](int r, int h) { return V::row(v_rows, r, h); };
-    // S^T: s[e] token gid + 8 (e / 2), row 2 tig + e % 2.
-    float s[4] = {};
-    if constexpr (K::quantized) {
+    // S^T: s[4 nt + e] token gid + 8 (e / 2), row 8 nt + 2 tig + e % 2.
+    float s[4 * NT] = {};
+    if constexpr (K::quantized && Q_F16) {
+      const typename K::Scales ks0 = K::scales_of(krow(gid, 0)), ks1 = K::scales_of(krow(gid, 1));
+      float part[NT][2][4] = {}; // [n-tile][k-step parity]: short dependency chains
+#pragma unroll
+      for (int g = 0; g < GROUPS; g++) {
+        uint32_t w[2][2];
+        group_words<K, false>(k_rows, g, lane, w);
+        const uint32_t sc0 = ks0.pair(g), sc1 = ks1.pair(g);
+        uint4 b[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) b[nt] = reinterpret_cast<const uint4 *>(q_frag)[(g * NT + nt) * 32 + lane];
+#pragma unroll
+        for (int st = 0; st < 2; st++) {
+          // Values 16 st + 4 tig + {0, 2} (a[0], a[1]) and + {1, 3} (a[2], a[3]) of tokens gid, gid + 8.
+          const uint32_t a[4] = {hmul2(v_pair_f16<KF, D>(w[0], st), sc0), hmul2(v_pair_f16<KF, D>(w[1], st), sc1),
+                                 hmul2(v_pair_f16<KF, D>(w[0], st + 2), sc0), hmul2(v_pair_f16<KF, D>(w[1], st + 2), sc1)};
+#pragma unroll
+          for (int nt = 0; nt < NT; nt++)
+            mma16<true>(part[nt][st], a, st ? b[nt].z : b[nt].x, st ? b[nt].w : b[nt].y);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4 * NT; e++) s[e] = part[e / 4][0][e % 4] + part[e / 4][1][e % 4];
+    } else if constexpr (K::quantized) {
       const typename K::Scales ks0 = K::scales_of(krow(gid, 0)), ks1 = K::scales_of(krow(gid, 1));
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
@@ -707,21 +755,21 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
     }
 
     online_softmax<MASK, B::LAZY_MAX>(
-        s, m, l, visible, token_end, [](int e) { return e % 2; },
-        [t0 = t_warp + Tok::of_row(gid)](int e) { return t0 + Tok::of_row(8 * (e / 2)); }, lanes_max<ROW_LANES>,
-        [&](const float (&c)[2]) {
+        s, m, l, visible, token_end, [](int e) { return 2 * (e / 4) + e % 2; },
+        [t0 = t_warp + Tok::of_row(gid)](int e) { return t0 + Tok::of_row(8 * (e % 4 / 2)); }, lanes_max<ROW_LANES>,
+        [&](const float (&c)[TROWS]) {
 #pragma unroll
-          for (int mt = 0; mt < MT; mt++)
+          for (int n = 0; n < MT * NT; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) o[mt][e] *= c[e % 2];
+            for (int e = 0; e < 4; e++) o[n][e] *= c[2 * (n % NT) + e % 2];
         });
 
-    // O^T += V^T P^T. P^T's B-fragment (tokens 2 tig, + 1 (+ 8) of row gid) is the transpose of
-    // what the thread holds, an 8x8 half (tokens gid or gid + 8) at a time, in P_PARTS parts each.
-    auto p_fragment = [&](float scale0, float scale1, uint32_t (&b)[P_PARTS][2]) {
+    // O^T += V^T P^T. P^T's B-fragments (tokens 2 tig, + 1 (+ 8) of row 8 nt + gid) are the transposes
+    // of what the thread holds, an 8x8 half (tokens gid or gid + 8) at a time, in P_PARTS parts each.
+    auto p_fragment = [&](int nt, float scale0, float scale1, uint32_t (&b)[P_PARTS][2]) {
       uint32_t x[P_PARTS][2];
-      pair_parts<P_F16, P_PARTS>(s[0] * scale0, s[1] * scale0, &x[0][0], 2);
-      pair_parts<P_F16, P_PARTS>(s[2] * scale1, s[3] * scale1, &x[0][1], 2);
+      pair_parts<P_F16, P_PARTS>(s[4 * nt] * scale0, s[4 * nt + 1] * scale0, &x[0][0], 2);
+      pair_parts<P_F16, P_PARTS>(s[4 * nt + 2] * scale1, s[4 * nt + 3] * scale1, &x[0][1], 2);
 #pragma unroll
       for (int sp = 0; sp < P_PARTS; sp++)
 #pragma unroll
@@ -730,19 +778,23 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
     if constexpr (V::quantized) {
       // Each token's group scale multiplies P (as Wide: in f16 after the transpose where P is one
       // part); m-tile 2g + u takes v_pair_f16's pairs 2u (rows gid) and 2u + 1 (rows gid + 8).
-      uint32_t b[P_PARTS][2], sc[2];
+      uint32_t b[NT][P_PARTS][2], sc[2];
       if constexpr (P_PARTS == 1) {
-        p_fragment(1.0f, 1.0f, b);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) p_fragment(nt, 1.0f, 1.0f, b[nt]);
         pair_scales<V>(v_rows, lane, sc);
       }
 #pragma unroll
       for (int g = 0; g < GROUPS; g++) {
-        uint32_t bg[P_PARTS][2];
+        uint32_t bg[NT][P_PARTS][2];
         if constexpr (P_PARTS == 1) {
+          const uint32_t gs[2] = {group_scales(sc[0], g, lane), group_scales(sc[1], g, lane)};
 #pragma unroll
-          for (int h = 0; h < 2; h++) bg[0][h] = hmul2(b[0][h], group_scales(sc[h], g, lane));
+          for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) bg[nt][0][h] = hmul2(b[nt][0][h], gs[h]);
         } else {
-          p_fragment(V::scale(vrow(gid, 0), g), V::scale(vrow(gid, 1), g), bg);
+          p_fragment(0, V::scale(vrow(gid, 0), g), V::scale(vrow(gid, 1), g), bg[0]);
         }
         uint32_t w[2][2];
         group_words<V, true>(v_rows, g, lane, w);
@@ -751,13 +803,15 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
           const uint32_t a[4] = {v_pair_f16<VF, D>(w[0], 2 * u), v_pair_f16<VF, D>(w[0], 2 * u + 1),
                                  v_pair_f16<VF, D>(w[1], 2 * u), v_pair_f16<VF, D>(w[1], 2 * u + 1)};
 #pragma unroll
-          for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[2 * g + u], a, bg[sp][0], bg[sp][1]);
+          for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[NT * (2 * g + u) + nt], a, bg[nt][sp][0], bg[nt][sp][1]);
         }
       }
     } else {
       constexpr bool f16 = VF == F16;
       uint32_t b[P_PARTS][2];
-      p_fragment(1.0f, 1.0f, b);
+      p_fragment(0, 1.0f, 1.0f, b);
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         uint32_t a[4]; // values +0 / +8 (lanes 8-15, 24-31) of tokens 0-7 / 8-15 (lanes 16-31), transposed
@@ -768,12 +822,16 @@ template <int D, uint32_t KF, uint32_t VF> struct Narrow : TileBase<D, KF, VF> {
     }
   }
 
-  __device__ static int acc_row(int lane, int e) { return 2 * (lane % 4) + e % 2; }
+  __device__ static int acc_row(int lane, int n, int e) { return 8 * (n % NT) + 2 * (lane % 4) + e % 2; }
   __device__ static int acc_col(int lane, int n, int e) {
-    const int gid = lane / 4;
-    return V::quantized ? (n / 2) * 32 + v_value(gid, 2 * (n % 2) + e / 2) : 16 * n + gid + 8 * (e / 2);
+    const int gid = lane / 4, mt = n / NT;
+    return V::quantized ? (mt / 2) * 32 + v_value(gid, 2 * (mt % 2) + e / 2) : 16 * mt + gid + 8 * (e / 2);
   }
 };
+// The narrow tile of 1, 2 or 4 n-tiles, as the kernels below name it.
+template <int D, uint32_t KF, uint32_t VF> using Narrow1 = Narrow<D, KF, VF, 1>;
+template <int D, uint32_t KF, uint32_t VF> using Narrow2 = Narrow<D, KF, VF, 2>;
+template <int D, uint32_t KF, uint32_t VF> using Narrow4 = Narrow<D, KF, VF, 4>;
 
 template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   using K = typename T::K;
@@ -782,9 +840,10 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   static constexpr int ROWS = T::ROWS, KSTEPS = T::KSTEPS, GROUPS = T::GROUPS, SPLIT = T::SPLIT;
   static constexpr uint32_t stage_bytes = K::bytes + V::bytes;
   // q fragments: float K [split][kstep][lane][QW words]; quantized K by group (T::q_word), then per
-  // group a float2 for each pair of rows a thread takes (T::scale_pair): their scales.
-  static constexpr uint32_t q_words = (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
-  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized ? GROUPS * ROWS * 4 : 0);
+  // group a float2 for each pair of rows a thread takes (T::scale_pair): their scales; T::Q_F16 one
+  // f16 a value (T::q_f16_word).
+  static constexpr uint32_t q_words = T::Q_F16 ? D * ROWS / 2 : (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
+  static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized && !T::Q_F16 ? GROUPS * ROWS * 4 : 0);
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
   static constexpr uint32_t combine_tile_bytes = (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4;
@@ -889,9 +948,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     };
 
     // Positions each of this thread's two rows sees.
-    uint32_t visible[2];
+    uint32_t visible[T::TROWS];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < T::TROWS; i++) {
       const uint32_t r = mt * ROWS + T::row_of_thread(lane, i), tok = (z * block_rows + r) / group;
       visible[i] = row_valid(r) ? length - p.q_tokens + tok + 1 : 0;
     }
@@ -954,7 +1013,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
 
     T acc;
 #pragma unroll
-    for (int i = 0; i < 2; i++) acc.m[i] = -INFINITY, acc.l[i] = 0.0f;
+    for (int i = 0; i < T::TROWS; i++) acc.m[i] = -INFINITY, acc.l[i] = 0.0f;
     for (auto &o : acc.o) o[0] = o[1] = o[2] = o[3] = 0.0f;
 
     if (my_token >= 0)
@@ -965,7 +1024,17 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     for (int s = 0; s < M::NS - 1; s++) issue(s, s, false);
 
     // While the first stages load: q as MMA fragments (word k of row r at T::q_slot(r, k)).
-    if constexpr (K::quantized) {
+    if constexpr (T::Q_F16) {
+      for (int e = tid; e < M::GROUPS * 2 * ROWS; e += threads) { // 16 values of a row a thread
+        const int g = e / (2 * ROWS), st = e / ROWS % 2, r = e % ROWS;
+        float v[16];
+        q_values(r, g * 32 + st * 16, v);
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+          for (int b = 0; b < 2; b++) q_frag_of(0)[T::q_f16_word(g, r, st, t, b)] = pack2<true>(v[4 * t + b], v[4 * t + b + 2]);
+      }
+    } else if constexpr (K::quantized) {
       // Two int8 parts per (row, group): q ~ s (128 q1 + q2), q1 = round(q / 128 s) and q2 quantizing
       // what q1 missed (|q2| <= 64), so the dot product keeps ~15 bits of q and the two int32 dot
       // products combine exactly before one conversion to float.
@@ -1044,15 +1113,15 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     float *co = reinterpret_cast<float *>(smem);            // [WARPS][ROWS][CO_STRIDE]
     float *cm = co + MT * WARPS * ROWS * M::CO_STRIDE, *cl = cm + MT * WARPS * ROWS; // [warp][ROWS]
 #pragma unroll
-    for (int i = 0; i < 2; i++) acc.l[i] = lanes_sum<T::ROW_LANES>(acc.l[i]);
+    for (int i = 0; i < T::TROWS; i++) acc.l[i] = lanes_sum<T::ROW_LANES>(acc.l[i]);
     constexpr int NACC = sizeof(acc.o) / sizeof(acc.o[0]);
 #pragma unroll
     for (int n = 0; n < NACC; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) co[(warp * ROWS + T::acc_row(lane, e)) * M::CO_STRIDE + T::acc_col(lane, n, e)] = acc.o[n][e];
+      for (int e = 0; e < 4; e++) co[(warp * ROWS + T::acc_row(lane, n, e)) * M::CO_STRIDE + T::acc_col(lane, n, e)] = acc.o[n][e];
     if ((lane & T::ROW_LANES) == 0) { // one lane of those sharing each row
 #pragma unroll
-      for (int i = 0; i < 2; i++) {
+      for (int i = 0; i < T::TROWS; i++) {
         cm[warp * ROWS + T::row_of_thread(lane, i)] = acc.m[i];
         cl[warp * ROWS + T::row_of_thread(lane, i)] = acc.l[i];
       }
@@ -1246,7 +1315,7 @@ constexpr int mma_blocks(int d, int stages, bool float_pages) {
 #define PKV_MMA_TILE(T, R, D, KF, VF, NS)                                                                    \
   PKV_MMA_KERNEL(pkv_decode_mma##R##_##D##_##KF##_##VF##_##NS,                                               \
                  mma_registers(D, mma_blocks(D, NS, KF <= BF16 && VF <= BF16)), T, D, KF, VF, NS)
-#define PKV_MMA(D, KF, VF, NS) PKV_MMA_TILE(Wide, 16, D, KF, VF, NS) PKV_MMA_TILE(Narrow, 8, D, KF, VF, NS)
+#define PKV_MMA(D, KF, VF, NS) PKV_MMA_TILE(Wide, 16, D, KF, VF, NS) PKV_MMA_TILE(Narrow1, 8, D, KF, VF, NS)
 #define PKV_MMA_V(D, KF, NS) PKV_MMA(D, KF, 2, NS) PKV_MMA(D, KF, 3, NS) PKV_MMA(D, KF, 4, NS) PKV_MMA(D, KF, 5, NS)
 #define PKV_MMA_KV(D, NS) PKV_MMA_V(D, 2, NS) PKV_MMA_V(D, 3, NS) PKV_MMA_V(D, 4, NS) PKV_MMA_V(D, 5, NS)
 PKV_MMA_KV(64, 3)
@@ -1259,5 +1328,13 @@ PKV_MMA(128, 2, 2, 2) PKV_MMA(128, 2, 3, 2) PKV_MMA(128, 3, 2, 2) PKV_MMA(128, 3
 // issue, they gain from the fourth block's warps, and the host plans for four blocks (H200: 32x4K
 // Q4_0 16% faster, 128-sequence batches 5-15%, short batches even; 96 registers and five blocks
 // lost 3-10% everywhere: docs/perf/2026-12-02-h200-cuda-session14.md).
-PKV_MMA_KERNEL(pkv_decode_mma8_128_4_5_3_4blocks, 128, Narrow, 128, 4, 5, 3)
-PKV_MMA_KERNEL(pkv_decode_mma8_128_5_5_3_4blocks, 128, Narrow, 128, 5, 5, 3)
+PKV_MMA_KERNEL(pkv_decode_mma8_128_4_5_3_4blocks, 128, Narrow1, 128, 4, 5, 3)
+PKV_MMA_KERNEL(pkv_decode_mma8_128_5_5_3_4blocks, 128, Narrow1, 128, 5, 5, 3)
+// The narrow tile of 2 and 4 n-tiles (16 and 32 query rows) where K and V are quantized, head_dim 64
+// and 128: pkv_decode_mma8x<n-tiles>_<head_dim>_<k format>_<v format>_3.
+#define PKV_MMA_NARROW_NT(D, KF, VF)                                                                         \
+  PKV_MMA_KERNEL(pkv_decode_mma8x2_##D##_##KF##_##VF##_3, mma_registers(D, 3), Narrow2, D, KF, VF, 3)      \
+  PKV_MMA_KERNEL(pkv_decode_mma8x4_##D##_##KF##_##VF##_3, D == 64 ? 168 : 255, Narrow4, D, KF, VF, 3)
+#define PKV_MMA_NARROW_Q(D) PKV_MMA_NARROW_NT(D, 4, 4) PKV_MMA_NARROW_NT(D, 4, 5) PKV_MMA_NARROW_NT(D, 5, 4) PKV_MMA_NARROW_NT(D, 5, 5)
+PKV_MMA_NARROW_Q(64)
+PKV_MMA_NARROW_Q(128)

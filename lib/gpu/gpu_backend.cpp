@@ -107,6 +107,7 @@ class GpuBackend final : public Backend {
     const char *kernel = std::getenv("PKV_DECODE_KERNEL");
     kind_ = decode_kind_from_environment(kernel);
     narrow_ = !(kernel && std::strcmp(kernel, "mma16") == 0);
+    narrow_ntiles_ = narrow_ && !(kernel && std::strcmp(kernel, "mma8") == 0);
     four_block_kernels_ = !(kernel && std::strcmp(kernel, "mma3") == 0);
     try {
       Current current(*this);
@@ -146,7 +147,7 @@ class GpuBackend final : public Backend {
   pkv_backend kind() const override { return dev_->kind(); }
   uint32_t workers(const PoolGeometry &g, uint32_t rows) override {
     if (decode_kind(g) != DecodeKind::mma) return sms_;
-    return sms_ * mma_blocks_per_sm(g, mma_shape(rows));
+    return sms_ * mma_blocks_per_sm(g, mma_shape(g, rows));
   }
   // Float pages in the narrow tile: the kernel waits on memory, and a multiprocessor's share of the
   // bandwidth needs about 64 KB in flight (a block has all its stages but the computing one loading):
@@ -154,9 +155,10 @@ class GpuBackend final : public Backend {
   // wide tile does twice the tensor-core work a byte (one block a multiprocessor measured 7% slower on
   // speculative verify of 4 tokens): every block counts.
   uint32_t full_rate_workers(const PoolGeometry &g, uint32_t rows) override {
-    const MmaShape shape = mma_shape(rows);
-    if (decode_kind(g) != DecodeKind::mma || !float_pages(g) || !shape.narrow) return workers(g, rows);
-    const uint64_t in_flight = uint64_t(mma_stages(g, shape.narrow) - 1) * mma_stage_bytes(g);
+    if (decode_kind(g) != DecodeKind::mma || !float_pages(g)) return workers(g, rows);
+    const MmaShape shape = mma_shape(g, rows);
+    if (!shape.narrow()) return workers(g, rows);
+    const uint64_t in_flight = uint64_t(mma_stages(g, shape.tile) - 1) * mma_stage_bytes(g);
     const uint64_t blocks = (kMmaBytesInFlight + in_flight - 1) / in_flight;
     return sms_ * uint32_t(std::min<uint64_t>(mma_blocks_per_sm(g, shape), blocks));
   }
@@ -433,18 +435,22 @@ class GpuBackend final : public Backend {
 
   // PKV_DECODE_KERNEL=mma|fast|generic picks a family for A/B runs; by default the newest the runtime
   // has (the tensor-core kernels are CUDA-only). mma16: the tensor-core kernel with wide tiles only;
-  // mma3: without the four-block variants.
+  // mma8: narrow tiles of one n-tile only (wide tiles for more rows); mma3: without the four-block
+  // variants.
   DecodeKind decode_kind_from_environment(const char *kernel) const {
     const bool mma = dev_->images().mma != nullptr;
     if (kernel && std::strcmp(kernel, "fast") == 0) return DecodeKind::fast;
     if (kernel && std::strcmp(kernel, "generic") == 0) return DecodeKind::generic;
     const bool mma_named = kernel && (std::strcmp(kernel, "mma") == 0 || std::strcmp(kernel, "mma16") == 0 ||
-                                      std::strcmp(kernel, "mma3") == 0);
+                                      std::strcmp(kernel, "mma8") == 0 || std::strcmp(kernel, "mma3") == 0);
     if (mma_named && !mma)
       fail(PKV_ERR_UNSUPPORTED, "PKV_DECODE_KERNEL=%s: the tensor-core decode kernels are CUDA-only; the %s backend "
            "has fast and generic", kernel, dev_->name());
     return mma ? DecodeKind::mma : DecodeKind::fast;
   }
+
+  // The tensor-core kernel's tiles of query rows (MmaShape): wide, or narrow of 1, 2 or 4 n-tiles.
+  enum MmaTile : unsigned { kWide, kNarrow1, kNarrow2, kNarrow4, kMmaTiles };
 
   // The decode kernel for this pool and batch, and its launch shape: the chosen family where it has
   // a kernel for the pool's head_dim and formats (F16/BF16/Q8_0/Q4_0 pages, head_dim 64/128/256),
@@ -466,11 +472,11 @@ class GpuBackend final : public Backend {
   }
 
   // The specialised kernel of a family for the pool's head_dim and formats, looked up once (for the
-  // tensor-core kernel, of the narrow or wide tile).
-  Function specialised_function(const PoolGeometry &g, DecodeKind kind, bool narrow = false) {
-    const bool mma = kind == DecodeKind::mma;
+  // tensor-core kernel, of the tile kind).
+  Function specialised_function(const PoolGeometry &g, DecodeKind kind, MmaTile tile = kWide) {
+    const bool mma = kind == DecodeKind::mma, narrow = tile != kWide;
     const unsigned d = g.head_dim / 128, kf = g.k.format - PKV_FORMAT_F16, vf = g.v.format - PKV_FORMAT_F16;
-    Function &fn = mma ? mma_functions_[narrow][d][kf][vf] : fast_functions_[d][kf][vf];
+    Function &fn = mma ? mma_functions_[tile][d][kf][vf] : fast_functions_[d][kf][vf];
     if (fn) return fn;
     Current current(*this);
     const std::string formats = std::to_string(g.head_dim) + "_" + std::to_string(int(g.k.format)) + "_" +
@@ -478,17 +484,18 @@ class GpuBackend final : public Backend {
     if (!mma) return fn = function(fast_module_, ("pkv_decode_fast_" + formats).c_str());
     // The most stages whose largest block (two wide row tiles, one narrow) fits the device's shared
     // memory: pkv_mma_stages, else pkv_mma_fewer_stages; none when neither fits.
-    const MmaShape largest = narrow ? MmaShape{true, 1} : MmaShape{false, 2};
+    const MmaShape largest{tile, narrow ? 1u : 2u};
+    static const char *const prefix[kMmaTiles] = {"pkv_decode_mma16_", "pkv_decode_mma8_", "pkv_decode_mma8x2_",
+                                                  "pkv_decode_mma8x4_"};
     for (uint32_t stages : {pkv_mma_stages(g.head_dim), pkv_mma_fewer_stages(g.head_dim, float_pages(g))}) {
       if (!stages) break;
-      const std::string name = std::string(narrow ? "pkv_decode_mma8_" : "pkv_decode_mma16_") + formats + "_" +
-                               std::to_string(stages);
+      const std::string name = prefix[tile] + formats + "_" + std::to_string(stages);
       fn = function(mma_module_, name.c_str());
       const unsigned bytes = mma_shared_bytes(g, largest, stages);
       if (fits_shared_memory(fn, bytes, name)) {
         check(dev_->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
-        mma_stages_[narrow][d][kf][vf] = uint8_t(stages);
-        if (narrow && stages == 3 && four_block_variant(g))
+        mma_stages_[tile][d][kf][vf] = uint8_t(stages);
+        if (tile == kNarrow1 && stages == 3 && four_block_variant(g))
           if (Function four = four_block_function(name + "_4blocks", bytes)) fn = four;
         break;
       }
@@ -510,13 +517,14 @@ class GpuBackend final : public Backend {
     check(dev_->tensor_cores()->occupancy(&blocks, fn, PKV_MMA_WARPS * 32, bytes));
     return blocks >= 4 ? fn : nullptr;
   }
-  Function mma_function(const PoolGeometry &g, bool narrow) { return specialised_function(g, DecodeKind::mma, narrow); }
+  Function mma_function(const PoolGeometry &g, MmaTile tile) { return specialised_function(g, DecodeKind::mma, tile); }
   // The tensor-core kernel's stage count for the pool, 0 when no block of it fits the device.
-  unsigned mma_stages(const PoolGeometry &g, bool narrow) {
-    mma_function(g, narrow);
-    return mma_stages_[narrow][g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+  unsigned mma_stages(const PoolGeometry &g, MmaTile tile) {
+    mma_function(g, tile);
+    return mma_stages_[tile][g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
   }
-  bool mma_fits(const PoolGeometry &g) { return mma_stages(g, false) != 0 && mma_stages(g, true) != 0; }
+  // The wide tile and the narrow one of one n-tile serve every batch; the others where they fit.
+  bool mma_fits(const PoolGeometry &g) { return mma_stages(g, kWide) != 0 && mma_stages(g, kNarrow1) != 0; }
 
   // Whether `dynamic` bytes of shared memory and f's own arrays fit what a block may opt in to on
   // this device. PKV_TEST_SHARED_LIMIT (bytes) lowers the device's figure, so that a large GPU runs
@@ -539,11 +547,11 @@ class GpuBackend final : public Backend {
       return k;
     }
     if (k.kind == DecodeKind::mma) {
-      const MmaShape shape = mma_shape(rows);
-      k.fn = mma_function(g, shape.narrow);
+      const MmaShape shape = mma_shape(g, rows);
+      k.fn = mma_function(g, shape.tile);
       k.mtiles = shape.mtiles;
       k.row_tiles = (rows + shape.rows() - 1) / shape.rows();
-      k.shared_bytes = mma_shared_bytes(g, shape, mma_stages(g, shape.narrow));
+      k.shared_bytes = mma_shared_bytes(g, shape, mma_stages(g, shape.tile));
       return k;
     }
     k.fn = specialised_function(g, k.kind);
@@ -567,27 +575,34 @@ class GpuBackend final : public Backend {
   }
 
   // The query rows one block of the tensor-core kernel serves: a narrow tile (PKV_MMA_NARROW_ROWS)
-  // when a KV head's rows fit one, else one or two wide tiles (PKV_MMA_ROWS each, PKV_MMA_WARPS
-  // warps each): two when a KV head has more rows than one, so the stages serve them all.
+  // when a KV head's rows fit one; where K and V are quantized (head_dim 64 and 128), a narrow tile of
+  // 2 or 4 n-tiles (16 or 32 rows), which converts each K and V fragment once for all of them; else
+  // one or two wide tiles (PKV_MMA_ROWS each, PKV_MMA_WARPS warps each): two when a KV head has more
+  // rows than one, so the stages serve them all.
   struct MmaShape {
-    bool narrow;
-    unsigned mtiles;
-    unsigned rows() const { return (narrow ? PKV_MMA_NARROW_ROWS : PKV_MMA_ROWS) * mtiles; }
+    MmaTile tile;
+    unsigned mtiles; // wide row tiles a block; 1 for narrow tiles
+    bool narrow() const { return tile != kWide; }
+    unsigned rows() const { return narrow() ? PKV_MMA_NARROW_ROWS << (tile - kNarrow1) : PKV_MMA_ROWS * mtiles; }
   };
-  MmaShape mma_shape(uint32_t rows) const {
-    if (narrow_ && rows <= PKV_MMA_NARROW_ROWS) return {true, 1};
-    return {false, rows <= PKV_MMA_ROWS ? 1u : 2u};
+  MmaShape mma_shape(const PoolGeometry &g, uint32_t rows) {
+    if (narrow_ && rows <= PKV_MMA_NARROW_ROWS) return {kNarrow1, 1};
+    if (narrow_ntiles_ && is_quantized(g.k.format) && is_quantized(g.v.format) && g.head_dim <= 128) {
+      const MmaTile tile = rows <= 2 * PKV_MMA_NARROW_ROWS ? kNarrow2 : kNarrow4;
+      if (mma_stages(g, tile)) return {tile, 1};
+    }
+    return {kWide, rows <= PKV_MMA_ROWS ? 1u : 2u};
   }
 
   // Blocks of the tensor-core kernel a multiprocessor holds at once, for the pool and row tiles.
   uint32_t mma_blocks_per_sm(const PoolGeometry &g, MmaShape shape) {
-    uint32_t &n = mma_blocks_per_sm_[shape.narrow ? 0 : shape.mtiles][g.head_dim / 128][g.k.format - PKV_FORMAT_F16]
-                                    [g.v.format - PKV_FORMAT_F16];
+    uint32_t &n = mma_blocks_per_sm_[shape.tile + kMmaTiles * (shape.mtiles - 1)][g.head_dim / 128]
+                                    [g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
     if (!n) {
       Current current(*this);
       int blocks = 0;
-      check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g, shape.narrow), shape.mtiles * PKV_MMA_WARPS * 32,
-                                            mma_shared_bytes(g, shape, mma_stages(g, shape.narrow))));
+      check(dev_->tensor_cores()->occupancy(&blocks, mma_function(g, shape.tile), shape.mtiles * PKV_MMA_WARPS * 32,
+                                            mma_shared_bytes(g, shape, mma_stages(g, shape.tile))));
       n = uint32_t(std::max(1, blocks));
     }
     return n;
@@ -609,8 +624,10 @@ class GpuBackend final : public Backend {
     const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
     const unsigned lane_bytes = rows; // rows / 4 words
     const unsigned stage = mma_stage_bytes(g);
-    const unsigned q = is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + (D / 32) * rows * 4
-                                                : 2 * (D / 16) * 32 * lane_bytes;
+    // Quantized K: two int8 parts and a scale a group, or in the narrow tile of several n-tiles one f16.
+    const unsigned q = shape.tile > kNarrow1                ? D * rows * 2
+                       : is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + (D / 32) * rows * 4
+                                                  : 2 * (D / 16) * 32 * lane_bytes;
     const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
     return std::max(stages * stage + mtiles * q, combine);
   }
@@ -750,13 +767,14 @@ class GpuBackend final : public Backend {
   Module pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
   DecodeKind kind_ = DecodeKind::mma;
   bool narrow_ = true; // the tensor-core kernel's narrow tile serves where it can
+  bool narrow_ntiles_ = true; // and its kinds of several n-tiles
   bool four_block_kernels_ = true; // the four-block variants serve where they exist and hold four blocks
   // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
-  // by [narrow].
-  Function fast_functions_[3][4][4] = {}, mma_functions_[2][3][4][4] = {};
+  // by [MmaTile].
+  Function fast_functions_[3][4][4] = {}, mma_functions_[kMmaTiles][3][4][4] = {};
   std::vector<PkvChunk> device_chunks_; // the plan's chunks as uploaded (kept: its capacity is reused)
-  uint8_t mma_stages_[2][3][4][4] = {}; // 0 until looked up, and where no block fits
-  uint32_t mma_blocks_per_sm_[3][3][4][4] = {}; // first by shape: narrow, 1 or 2 wide row tiles
+  uint8_t mma_stages_[kMmaTiles][3][4][4] = {}; // 0 until looked up, and where no block fits
+  uint32_t mma_blocks_per_sm_[2 * kMmaTiles][3][4][4] = {}; // first by shape: tile + kMmaTiles (mtiles - 1)
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
   Function partial_[8] = {};
