@@ -284,7 +284,8 @@ template <class R> __device__ __forceinline__ void k_group(const uint8_t *rows, 
       w[h][0] = mask_then<0xf0f0f0f0u, 0x80808080u, true, true>(w[h][0] << 4);
     }
 }
-// V: value v_value(c, j) of the tokens in group_words<R, true>'s w[h] as an f16 pair, exactly and
+// V (and K in Narrow's f16 path, from group_words<R, false>): value v_value(c, j) of the tokens in
+// group_words<R, true>'s w[h] as an f16 pair, exactly and
 // without a conversion instruction: a mask and a logic operation put the value into an f16 whose
 // mantissa counts it (0x64nn = 1024 + nn: Q8_0 its byte with the sign bit flipped, nn = value + 128;
 // a low Q4_0 nibble n; 0x54n0 = 64 + n for a high nibble left in place: 64's mantissa counts
@@ -682,7 +683,7 @@ template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, K
   __device__ static int scale_half(int r) { return r % 2; }
   // Q_F16: where q's f16 pair of values 16 st + 4t + {b, b + 2} (st < 2, t < 4, b < 2) of group g of row
   // r lies: the two k-steps of a group's B-fragments a lane takes for one n-tile in one 16-byte read
-  // (word 2 st + b). These are the values k_pair puts at the same places of K's A-fragments.
+  // (word 2 st + b): the values stage() puts at the same places of K's A-fragments.
   __device__ static int q_f16_word(int g, int r, int st, int t, int b) {
     return ((g * NT + r / 8) * 32 + (r % 8) * 4 + t) * 4 + 2 * st + b;
   }
