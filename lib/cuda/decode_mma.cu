@@ -845,9 +845,11 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   // f16 a value (T::q_f16_word).
   static constexpr uint32_t q_words = T::Q_F16 ? D * ROWS / 2 : (K::quantized ? 2 * GROUPS : SPLIT * KSTEPS) * 32 * T::QW;
   static constexpr uint32_t q_bytes = q_words * 4 + (K::quantized && !T::Q_F16 ? GROUPS * ROWS * 4 : 0);
+  static_assert(q_bytes == pkv_mma_q_bytes(D, ROWS, K::quantized, T::Q_F16), "the host sizes shared memory alike");
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
   static constexpr uint32_t combine_tile_bytes = (WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4;
+  static_assert(combine_tile_bytes == pkv_mma_combine_bytes(D, ROWS), "the host sizes shared memory alike");
   static constexpr uint32_t combine_bytes = 2 * combine_tile_bytes; // 2 row tiles
   static constexpr uint32_t loop_bytes = NS * stage_bytes + 2 * q_bytes;
   // The most the host reserves (two row tiles; mma_shared_bytes in gpu_backend.cpp).

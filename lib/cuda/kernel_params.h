@@ -133,6 +133,22 @@ static constexpr uint32_t pkv_mma_part_bytes(uint32_t data_and_scale_bytes, int 
   return tokens * data_and_scale_bytes + tokens / 8 * 16;
 }
 
+/* Bytes of one row tile's q fragments in the tensor-core kernel's shared memory (rows: the tile's
+ * query rows): float K two 16-bit parts a value; quantized K two int8 parts a value and a float
+ * scale a (row, 32-value group), or (f16_q: the narrow tile of several n-tiles) one f16 a value. */
+static constexpr uint32_t pkv_mma_q_bytes(uint32_t head_dim, uint32_t rows, int k_quantized, int f16_q) {
+  if (f16_q) return head_dim * rows * 2;
+  if (k_quantized) return head_dim * rows * 2 + head_dim / 32 * rows * 4;
+  return head_dim * rows * 4;
+}
+
+/* Bytes of one row tile's area where the tensor-core kernel's warps combine their results: each
+ * warp's outputs (rows of head_dim + 8 floats: the padding spreads a column's rows over the banks),
+ * maxima and sums. */
+static constexpr uint32_t pkv_mma_combine_bytes(uint32_t head_dim, uint32_t rows) {
+  return (PKV_MMA_WARPS * rows * (head_dim + 8) + 2 * PKV_MMA_WARPS * rows) * 4;
+}
+
 /* Shared-memory stages per block of the tensor-core kernel: two for head_dim 256 (a stage is large),
  * three otherwise (float pages of head_dim 128 then fit two blocks a multiprocessor, not three, and
  * measured faster: more bytes in flight per block). Those take 112 KB a block, more than sm_86 and

@@ -610,10 +610,10 @@ class GpuBackend final : public Backend {
   static bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
   static int float_pages(const PoolGeometry &g) { return !is_quantized(g.k.format) && !is_quantized(g.v.format); }
 
-  // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out: `stages` stages of
-  // PKV_MMA_WARPS x PKV_MMA_TOKENS K and V rows, q fragments of each row tile (a lane's share of a
-  // k-step: rows / 4 words), and the warps' combine area of each row tile (which reuses the others
-  // once a chunk is done).
+  // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out (it checks the
+  // kernel_params.h sizes at compile time): `stages` stages of PKV_MMA_WARPS x PKV_MMA_TOKENS K and V
+  // rows, q fragments of each row tile, and the warps' combine area of each row tile (which reuses
+  // the others once a chunk is done).
   static unsigned mma_stage_bytes(const PoolGeometry &g) {
     auto part = [&](const PlaneLayout &l) {
       return pkv_mma_part_bytes(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
@@ -621,15 +621,9 @@ class GpuBackend final : public Backend {
     return part(g.k) + part(g.v);
   }
   static unsigned mma_shared_bytes(const PoolGeometry &g, MmaShape shape, unsigned stages) {
-    const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, warps = PKV_MMA_WARPS, mtiles = shape.mtiles;
-    const unsigned lane_bytes = rows; // rows / 4 words
-    const unsigned stage = mma_stage_bytes(g);
-    // Quantized K: two int8 parts and a scale a group, or in the narrow tile of several n-tiles one f16.
-    const unsigned q = shape.tile > kNarrow1                ? D * rows * 2
-                       : is_quantized(g.k.format) ? 2 * (D / 32) * 32 * lane_bytes + (D / 32) * rows * 4
-                                                  : 2 * (D / 16) * 32 * lane_bytes;
-    const unsigned combine = mtiles * (warps * rows * (D + 8) + 2 * warps * rows) * 4;
-    return std::max(stages * stage + mtiles * q, combine);
+    const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, mtiles = shape.mtiles;
+    const unsigned q = pkv_mma_q_bytes(D, rows, is_quantized(g.k.format), shape.tile > kNarrow1);
+    return std::max(stages * mma_stage_bytes(g) + mtiles * q, mtiles * pkv_mma_combine_bytes(D, rows));
   }
 
   // Sends the batch's queued table changes and, unless the pool's plan buffer holds it already, the
