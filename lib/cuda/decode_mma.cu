@@ -18,7 +18,7 @@
 //  - Q8_0/Q4_0 V: the integers go to the MMA exactly (f16); each token's group scale multiplies P
 //    instead, and P is one f16 part where K is quantized too (then scaled in f16). Transposing
 //    matrix loads give each thread two tokens' bytes of a few values, which become f16 pairs by a
-//    logic operation and a subtraction; the output columns follow those values (v_value), and the
+//    logic operation and a subtraction; the output columns follow those values (pair_value), and the
 //    final write puts them in place.
 //  - scores are in log2 units (scale * log2 e multiplies q, or the scores where q enters whole); the
 //    warps' partial results combine in shared memory; a split sequence's last finishing chunk merges
@@ -284,16 +284,16 @@ template <class R> __device__ __forceinline__ void k_group(const uint8_t *rows, 
       w[h][0] = mask_then<0xf0f0f0f0u, 0x80808080u, true, true>(w[h][0] << 4);
     }
 }
-// V (and K in Narrow's f16 path, from group_words<R, false>): value v_value(c, j) of the tokens in
-// group_words<R, true>'s w[h] as an f16 pair, exactly and
-// without a conversion instruction: a mask and a logic operation put the value into an f16 whose
+// Quantized values as an f16 pair, exactly: V's value pair_value(c, j) of the two tokens in
+// group_words<R, true>'s w[h] (K's in Narrow's f16 path, from group_words<R, false>), without a
+// conversion instruction: a mask and a logic operation put the value into an f16 whose
 // mantissa counts it (0x64nn = 1024 + nn: Q8_0 its byte with the sign bit flipped, nn = value + 128;
 // a low Q4_0 nibble n; 0x54n0 = 64 + n for a high nibble left in place: 64's mantissa counts
 // sixteenths), one f16 subtraction leaves the value. The masking in one instruction measured 1-3%
 // faster where V is Q4_0 at head_dim 128 (the narrow loop 548 -> 515 instructions), but 5% slower
 // for Q4_0 at 256 (8x32K), which ptxas then schedules worse, and mixed for Q8_0 (-1.5% to +5%; H200,
 // docs/perf/2026-12-02-h200-cuda-session14.md).
-template <uint32_t F, int D> __device__ __forceinline__ uint32_t v_pair_f16(const uint32_t (&w)[2], int j) {
+template <uint32_t F, int D> __device__ __forceinline__ uint32_t pair_f16(const uint32_t (&w)[2], int j) {
   constexpr bool ONE = F == Q4_0 && D == 128;
   const uint32_t x = (F == Q8_0 ? w[j % 2] : w[0]) >> (8 * (j / 2));
   uint32_t y, bias;
@@ -303,8 +303,8 @@ template <uint32_t F, int D> __device__ __forceinline__ uint32_t v_pair_f16(cons
   const __half2 v = __hsub2(*reinterpret_cast<const __half2 *>(&y), *reinterpret_cast<const __half2 *>(&bias));
   return *reinterpret_cast<const uint32_t *>(&v);
 }
-// Which of its group's values v_pair_f16(w, j) gives the thread with c = lane / 4.
-__device__ __forceinline__ int v_value(int c, int j) { return 2 * c + 16 * (j % 2) + j / 2; }
+// Which of its group's values pair_f16(w, j) gives the thread with c = lane / 4.
+__device__ __forceinline__ int pair_value(int c, int j) { return 2 * c + 16 * (j % 2) + j / 2; }
 
 // Each pair of tokens' V scales for group c (= lane / 4) where group_words' words hold the tokens'
 // values: s[h] = (scale of token 2t (+ 8h), of 2t + 1), an f16 pair; a group's pairs are then a
@@ -619,7 +619,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
         group_words<V, true>(v_rows, g, lane, w);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-          const uint32_t b0 = v_pair_f16<VF, D>(w[0], j), b1 = v_pair_f16<VF, D>(w[1], j);
+          const uint32_t b0 = pair_f16<VF, D>(w[0], j), b1 = pair_f16<VF, D>(w[1], j);
 #pragma unroll
           for (int sp = 0; sp < P_PARTS; sp++) mma16<true>(o[4 * g + j], a[sp], b0, b1);
         }
@@ -648,7 +648,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
   __device__ static int acc_row(int lane, int, int e) { return lane / 4 + 8 * (e / 2); }
   __device__ static int acc_col(int lane, int n, int e) {
     const int c = 2 * (lane % 4) + (e & 1); // column within the n-tile
-    return V::quantized ? (n / 4) * 32 + v_value(c, n % 4) : n * 8 + c;
+    return V::quantized ? (n / 4) * 32 + pair_value(c, n % 4) : n * 8 + c;
   }
 };
 
@@ -660,7 +660,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
 // and each 16 rows. A thread holds tokens gid, gid + 8 of rows 8 nt + 2 tig, + 1; P goes back to the
 // MMA as the B operand through a register transpose (movmatrix) of each 8x8 half.
 //  - Quantized K with one n-tile: int8 MMAs against q's two int8 parts (TileBase). With more: each K
-//    pair becomes f16 (v_pair_f16) times its token's group scale, dotted against q in one f16 part:
+//    pair becomes f16 (pair_f16) times its token's group scale, dotted against q in one f16 part:
 //    the int8 path's per-group scale products grow with the rows, this conversion does not (K's
 //    values are rounded to f16 after scaling, q to f16: ~11 bits each, more than Q8_0/Q4_0 keep).
 template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, KF, VF> {
@@ -711,8 +711,8 @@ template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, K
 #pragma unroll
         for (int st = 0; st < 2; st++) {
           // Values 16 st + 4 tig + {0, 2} (a[0], a[1]) and + {1, 3} (a[2], a[3]) of tokens gid, gid + 8.
-          const uint32_t a[4] = {hmul2(v_pair_f16<KF, D>(w[0], st), sc0), hmul2(v_pair_f16<KF, D>(w[1], st), sc1),
-                                 hmul2(v_pair_f16<KF, D>(w[0], st + 2), sc0), hmul2(v_pair_f16<KF, D>(w[1], st + 2), sc1)};
+          const uint32_t a[4] = {hmul2(pair_f16<KF, D>(w[0], st), sc0), hmul2(pair_f16<KF, D>(w[1], st), sc1),
+                                 hmul2(pair_f16<KF, D>(w[0], st + 2), sc0), hmul2(pair_f16<KF, D>(w[1], st + 2), sc1)};
 #pragma unroll
           for (int nt = 0; nt < NT; nt++)
             mma16<true>(part[nt][st], a, st ? b[nt].z : b[nt].x, st ? b[nt].w : b[nt].y);
@@ -778,7 +778,7 @@ template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, K
     };
     if constexpr (V::quantized) {
       // Each token's group scale multiplies P (as Wide: in f16 after the transpose where P is one
-      // part); m-tile 2g + u takes v_pair_f16's pairs 2u (rows gid) and 2u + 1 (rows gid + 8).
+      // part); m-tile 2g + u takes pair_f16's pairs 2u (rows gid) and 2u + 1 (rows gid + 8).
       uint32_t b[NT][P_PARTS][2], sc[2];
       if constexpr (P_PARTS == 1) {
 #pragma unroll
@@ -801,8 +801,8 @@ template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, K
         group_words<V, true>(v_rows, g, lane, w);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-          const uint32_t a[4] = {v_pair_f16<VF, D>(w[0], 2 * u), v_pair_f16<VF, D>(w[0], 2 * u + 1),
-                                 v_pair_f16<VF, D>(w[1], 2 * u), v_pair_f16<VF, D>(w[1], 2 * u + 1)};
+          const uint32_t a[4] = {pair_f16<VF, D>(w[0], 2 * u), pair_f16<VF, D>(w[0], 2 * u + 1),
+                                 pair_f16<VF, D>(w[1], 2 * u), pair_f16<VF, D>(w[1], 2 * u + 1)};
 #pragma unroll
           for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -826,7 +826,7 @@ template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, K
   __device__ static int acc_row(int lane, int n, int e) { return 8 * (n % NT) + 2 * (lane % 4) + e % 2; }
   __device__ static int acc_col(int lane, int n, int e) {
     const int gid = lane / 4, mt = n / NT;
-    return V::quantized ? (mt / 2) * 32 + v_value(gid, 2 * (mt % 2) + e / 2) : 16 * mt + gid + 8 * (e / 2);
+    return V::quantized ? (mt / 2) * 32 + pair_value(gid, 2 * (mt % 2) + e / 2) : 16 * mt + gid + 8 * (e / 2);
   }
 };
 // The narrow tile of 1, 2 or 4 n-tiles, as the kernels below name it.
