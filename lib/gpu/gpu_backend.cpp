@@ -399,6 +399,10 @@ class GpuBackend final : public Backend {
     DevPtr ptr = 0;
     uint64_t bytes = 0;
   };
+  struct PinnedBuffer {
+    void *ptr = nullptr;
+    uint64_t bytes = 0;
+  };
 
   // `what` follows the call's name in the message: "cuMemAlloc (scratch)".
   void check(Call c, const char *what = "") const {
@@ -676,6 +680,17 @@ class GpuBackend final : public Backend {
     buf->bytes = want;
   }
 
+  // Grows send's or receive's pinned host memory (to twice its size and 1 MB more, at least); no
+  // transfer through it is in flight: send waits for its own first, receive's are waited for.
+  void ensure_pinned(PinnedBuffer *buf, uint64_t bytes) {
+    if (bytes <= buf->bytes) return;
+    const uint64_t want = std::max<uint64_t>(bytes, 2 * buf->bytes + (1 << 20));
+    if (buf->ptr) dev_->host_free(buf->ptr);
+    *buf = PinnedBuffer{};
+    check(dev_->host_alloc(&buf->ptr, size_t(want)), " (staging)");
+    buf->bytes = want;
+  }
+
   // Grows a buffer that captured graphs may hold the address of: the old one is kept (freed with the
   // backend), so a graph replayed with the shape it was captured with still finds memory there.
   // Returns whether it grew.
@@ -697,20 +712,13 @@ class GpuBackend final : public Backend {
     next_stage_ = 1 - next_stage_;
     if (h.pending) check(dev_->event_synchronize(h.sent));
     h.pending = false;
-    if (up.total() > h.bytes) {
-      const uint64_t want = std::max<uint64_t>(up.total(), 2 * h.bytes + (1 << 20));
-      if (h.ptr) dev_->host_free(h.ptr);
-      h.ptr = nullptr;
-      h.bytes = 0;
-      check(dev_->host_alloc(&h.ptr, size_t(want)), " (staging)");
-      h.bytes = want;
-    }
+    ensure_pinned(&h.buffer, up.total());
     if (!dst) {
       ensure(&device_stage_, up.total()); // one device buffer: uploads are ordered by the stream
       dst = device_stage_.ptr;
     }
-    up.copy_into(static_cast<uint8_t *>(h.ptr));
-    check(dev_->copy_to_device(dst, h.ptr, size_t(up.total()), stream_));
+    up.copy_into(static_cast<uint8_t *>(h.buffer.ptr));
+    check(dev_->copy_to_device(dst, h.buffer.ptr, size_t(up.total()), stream_));
     check(dev_->event_record(h.sent, stream_));
     h.pending = true;
     return dst;
@@ -720,13 +728,7 @@ class GpuBackend final : public Backend {
   // before it). Into the caller's pageable memory the runtime would stage each copy itself: a decode
   // with host-memory results took two such copies.
   const uint8_t *receive(DevPtr src, uint64_t bytes) {
-    if (bytes > download_.bytes) {
-      const uint64_t want = std::max<uint64_t>(bytes, 2 * download_.bytes + (1 << 20));
-      if (download_.ptr) dev_->host_free(download_.ptr);
-      download_ = {};
-      check(dev_->host_alloc(&download_.ptr, size_t(want)), " (staging)");
-      download_.bytes = want;
-    }
+    ensure_pinned(&download_, bytes);
     check(dev_->copy_to_host(download_.ptr, src, size_t(bytes), stream_));
     check(dev_->stream_synchronize(stream_));
     return static_cast<const uint8_t *>(download_.ptr);
@@ -744,7 +746,7 @@ class GpuBackend final : public Backend {
       if (b.ptr) dev_->free(b.ptr);
     if (download_.ptr) dev_->host_free(download_.ptr);
     for (HostStage &h : stages_) {
-      if (h.ptr) dev_->host_free(h.ptr);
+      if (h.buffer.ptr) dev_->host_free(h.buffer.ptr);
       if (h.sent) dev_->event_destroy(h.sent);
     }
     for (Module m : {pages_module_, decode_module_, fast_module_, mma_module_})
@@ -773,17 +775,13 @@ class GpuBackend final : public Backend {
   Function read_bandwidth_ = nullptr;
   Function partial_[8] = {};
   struct HostStage {
-    void *ptr = nullptr;
-    uint64_t bytes = 0;
+    PinnedBuffer buffer;
     Event sent = nullptr; // the transfer out of it has finished
     bool pending = false;
   };
   HostStage stages_[2];
   unsigned next_stage_ = 0;
-  struct {
-    void *ptr = nullptr;
-    uint64_t bytes = 0;
-  } download_; // receive's pinned buffer
+  PinnedBuffer download_; // receive's
   DeviceBuffer device_stage_, part_out_, part_lse_, counters_, decode_out_, rows_out_;
   std::vector<DeviceBuffer> kept_; // outgrown decode scratch (grow_kept)
 };
