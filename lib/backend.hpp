@@ -83,6 +83,9 @@ class Backend {
   // The tokens a work item takes at a time (a GPU block's stage): a chunk's partial last granule costs
   // a whole one, so the planner's chunks are whole granules. 1: any whole pages.
   virtual uint32_t chunk_granule_tokens() const { return 1; }
+  // Whether decode takes balanced plans (DecodePlan::workers: its full-rate workers take items w,
+  // w + workers, ... in turn, and items may be one KV head's) for `rows` query rows a KV head.
+  virtual Balance plan_balance(const PoolGeometry &, uint32_t) { return Balance::never; }
   // What a pool's plan buffer holds, and its bytes (0: the backend keeps no plan buffer).
   virtual PlanLimits plan_limits(const PoolGeometry &) { return {}; }
   virtual uint64_t plan_buffer_bytes(const PoolGeometry &) { return 0; }

@@ -60,7 +60,12 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 // docs/perf/2026-12-02-h200-cuda-session14.md). The cheapest wins. One round of equal chunks fills
 // the device exactly when the batch is uniform; long sequences get proportionally more chunks, and
 // short ones beside them stay whole.
-uint64_t choose_chunk_pages(const PlanRequest &req) {
+struct Choice {
+  uint64_t chunk_pages;
+  double cost; // in the time a worker takes for a page when all workers run
+};
+
+Choice choose_chunk_pages(const PlanRequest &req) {
   std::vector<uint64_t> sorted(req.count); // the sequences' pages, shortest first
   for (uint32_t b = 0; b < req.count; b++) sorted[b] = pages_of(req.lengths[b], req.page_size);
   std::sort(sorted.begin(), sorted.end());
@@ -98,7 +103,78 @@ uint64_t choose_chunk_pages(const PlanRequest &req) {
   };
   for (uint64_t w = 1; w <= kMaxWaves; w++) consider_all(w * chunk_slots(workers, kv_heads));
   if (full_rate < workers) consider_all(chunk_slots(full_rate, kv_heads));
-  return best;
+  return {best, best_cost};
+}
+
+// The tokens of a granule: whole pages.
+uint64_t granule_of(const PlanRequest &req) {
+  return pages_of(std::max<uint32_t>(1, req.granule_tokens), req.page_size) * req.page_size;
+}
+
+struct Piece {
+  uint32_t seq, head, token_begin, token_end, worker;
+};
+
+// The batch's (sequence, KV head) pairs in order, each in whole granules, dealt out as `workers`
+// equal shares of granules (the last may be shorter): a share that ends inside a pair splits it. An
+// empty pair takes an empty piece, so its worker writes its result. In dealing order.
+std::vector<Piece> deal(const PlanRequest &req, uint32_t workers, uint64_t *share) {
+  const uint64_t granule = granule_of(req);
+  uint64_t total = 0;
+  for (uint32_t b = 0; b < req.count; b++) total += (uint64_t(req.lengths[b]) + granule - 1) / granule * req.kv_heads;
+  *share = std::max<uint64_t>(1, (total + workers - 1) / workers);
+  std::vector<Piece> pieces;
+  uint32_t w = 0;
+  uint64_t used = 0; // of worker w's share
+  for (uint32_t b = 0; b < req.count; b++) {
+    const uint64_t length = req.lengths[b], n = (length + granule - 1) / granule;
+    for (uint32_t h = 0; h < req.kv_heads; h++) {
+      if (n == 0) pieces.push_back({b, h, 0, 0, std::min(w, workers - 1)});
+      for (uint64_t at = 0; at < n;) {
+        const uint64_t take = std::min(n - at, *share - used);
+        pieces.push_back({b, h, uint32_t(at * granule), uint32_t(std::min(length, (at + take) * granule)), w});
+        at += take;
+        used += take;
+        if (used == *share) w++, used = 0;
+      }
+    }
+  }
+  return pieces;
+}
+
+// A balanced plan over `workers` (chunk j * workers + w: worker w's j-th piece) and its cost in
+// choose_chunk_pages' units: each of a worker's pieces costs the fixed cost, its share's pages
+// run at a lone worker's rate, and a split pair costs its partial results and merge as a split
+// sequence does. False where it would not fit the limits.
+bool balanced_plan(const PlanRequest &req, uint32_t workers, DecodePlan *plan, double *cost) {
+  uint64_t share = 0;
+  const std::vector<Piece> pieces = deal(req, workers, &share);
+  std::vector<uint32_t> round(workers, 0);
+  uint32_t rounds = 0;
+  for (const Piece &p : pieces) rounds = std::max(rounds, ++round[p.worker]);
+  if (uint64_t(rounds) * workers > req.limits.pieces) return false;
+  plan->workers = workers;
+  plan->chunks.assign(uint64_t(rounds) * workers, {kNoSeq, 0, 0, kNoPart, kAllHeads, kNoPart, 0});
+  std::fill(round.begin(), round.end(), 0);
+  uint64_t split_pairs = 0;
+  for (size_t i = 0, j; i < pieces.size(); i = j) {
+    for (j = i + 1; j < pieces.size() && pieces[j].seq == pieces[i].seq && pieces[j].head == pieces[i].head;) j++;
+    const uint32_t siblings = uint32_t(j - i), first = siblings > 1 ? plan->parts : kNoPart;
+    split_pairs += siblings > 1;
+    for (size_t k = i; k < j; k++) {
+      const Piece &p = pieces[k];
+      plan->chunks[uint64_t(round[p.worker]++) * workers + p.worker] = {
+          p.seq, p.token_begin, p.token_end, siblings > 1 ? plan->parts++ : kNoPart, p.head, first, siblings};
+      plan->chunk_tokens = std::max(plan->chunk_tokens, p.token_end - p.token_begin);
+    }
+  }
+  if (plan->parts > req.limits.parts) return false;
+  const uint32_t full_rate = std::min(std::max<uint32_t>(1, req.workers), std::max<uint32_t>(1, req.full_rate_workers));
+  const double lone = double(full_rate) / std::max<uint32_t>(1, req.workers);
+  const double fixed = double(pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size));
+  const double pairs = std::max(1.0, double(req.count) * req.kv_heads);
+  *cost = rounds * fixed + double(share * (granule_of(req) / req.page_size)) * lone + 2.0 * fixed * double(split_pairs) / pairs;
+  return true;
 }
 
 struct Counts {
@@ -127,11 +203,22 @@ PlanLimits chosen_plan_bounds(uint32_t max_sequences, uint32_t kv_heads, uint32_
   PlanLimits l;
   l.chunks = uint32_t(std::min<uint64_t>(UINT32_MAX, max_sequences + wanted));
   l.parts = uint32_t(std::min<uint64_t>(UINT32_MAX, std::max<uint64_t>(2 * wanted, 512)));
+  l.pieces = uint32_t(std::min<uint64_t>(UINT32_MAX, uint64_t(l.chunks) * std::max<uint32_t>(1, kv_heads)));
   return l;
 }
 
 DecodePlan make_plan(const PlanRequest &req) {
-  uint64_t chunk_pages = req.chunk_pages ? req.chunk_pages : choose_chunk_pages(req);
+  const Choice choice = req.chunk_pages ? Choice{req.chunk_pages, INFINITY} : choose_chunk_pages(req);
+  if (req.balance != Balance::never && !req.chunk_pages && req.count) {
+    DecodePlan balanced;
+    double cost = INFINITY;
+    const uint32_t workers = std::min(std::max<uint32_t>(1, req.workers), std::max<uint32_t>(1, req.full_rate_workers));
+    if (balanced_plan(req, workers, &balanced, &cost) && (req.balance == Balance::always || cost < choice.cost)) {
+      balanced.generation = ++g_generation;
+      return balanced;
+    }
+  }
+  uint64_t chunk_pages = choice.chunk_pages;
   for (;;) {
     const Counts n = count(req, std::min<uint64_t>(UINT32_MAX, chunk_pages * req.page_size));
     if ((n.chunks <= req.limits.chunks && n.parts <= req.limits.parts) || chunk_pages >= UINT32_MAX) break;
@@ -145,11 +232,12 @@ DecodePlan make_plan(const PlanRequest &req) {
   for (uint32_t b = 0; b < req.count; b++) {
     plan.seq_chunks.push_back(uint32_t(plan.chunks.size()));
     // An empty sequence gets one empty chunk, so whoever runs the chunk writes its result (0, -inf).
-    const bool split = req.lengths[b] > chunk_tokens;
+    const uint32_t siblings = uint32_t(std::max<uint64_t>(1, (uint64_t(req.lengths[b]) + chunk_tokens - 1) / chunk_tokens));
+    const uint32_t first = siblings > 1 ? plan.parts : kNoPart;
     uint64_t t = 0;
     do {
       plan.chunks.push_back({b, uint32_t(t), uint32_t(std::min<uint64_t>(req.lengths[b], t + chunk_tokens)),
-                             split ? plan.parts++ : kNoPart});
+                             siblings > 1 ? plan.parts++ : kNoPart, kAllHeads, first, siblings});
       t += chunk_tokens;
     } while (t < req.lengths[b]);
   }
@@ -162,8 +250,8 @@ const DecodePlan &PlanCache::get(const PlanRequest &req) {
                     req.chunk_pages == chunk_pages_ && req.workers == workers_ &&
                     req.full_rate_workers == full_rate_workers_ &&
                     req.min_chunk_tokens == min_chunk_tokens_ && req.granule_tokens == granule_tokens_ &&
-                    req.limits.chunks == limits_.chunks &&
-                    req.limits.parts == limits_.parts && lengths_.size() == req.count &&
+                    req.limits.chunks == limits_.chunks && req.limits.parts == limits_.parts &&
+                    req.limits.pieces == limits_.pieces && req.balance == balance_ && lengths_.size() == req.count &&
                     std::equal(lengths_.begin(), lengths_.end(), req.lengths);
   if (same) return plan_;
   valid_ = false; // stays so if make_plan throws
@@ -177,6 +265,7 @@ const DecodePlan &PlanCache::get(const PlanRequest &req) {
   min_chunk_tokens_ = req.min_chunk_tokens;
   granule_tokens_ = req.granule_tokens;
   limits_ = req.limits;
+  balance_ = req.balance;
   valid_ = true;
   return plan_;
 }

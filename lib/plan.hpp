@@ -8,6 +8,8 @@
 namespace pkv {
 
 constexpr uint32_t kNoPart = UINT32_MAX;
+constexpr uint32_t kAllHeads = UINT32_MAX; // a chunk of every KV head of its sequence
+constexpr uint32_t kNoSeq = UINT32_MAX;    // a balanced plan's filler: its worker has no piece that round
 
 struct DecodeChunk {
   uint32_t seq;         // index in the batch
@@ -15,14 +17,23 @@ struct DecodeChunk {
   uint32_t token_end;
   uint32_t part;        // where a split sequence's chunk leaves its partial result; kNoPart when the
                         // sequence has this one chunk and writes the result itself
+  uint32_t head;        // kAllHeads, or the one KV head of a balanced plan's piece
+  uint32_t first_part;  // the part of the first chunk of its sequence (and head), when split
+  uint32_t siblings;    // chunks its sequence (and head) has, itself included
 };
 
+// Two shapes. Uniform (workers 0): each sequence is cut into chunks of at most chunk_tokens, every
+// chunk an item for each KV head, in sequence order. Balanced (workers K): every (sequence, KV head)
+// is cut into pieces so that K workers get equal shares of the batch's tokens; chunk j * K + w is
+// worker w's j-th piece (kNoSeq where it has fewer), for backends whose K workers take items w,
+// w + K, ... in turn. A pair's pieces are in token order and take consecutive parts.
 struct DecodePlan {
   uint32_t chunk_tokens = 0;         // longest chunk
   uint32_t parts = 0;                // chunks of split sequences
+  uint32_t workers = 0;              // balanced: the workers it was cut for; 0: uniform
   uint64_t generation = 0;           // differs between any two plans a process makes
-  std::vector<uint32_t> seq_chunks;  // count + 1 offsets: sequence b owns chunks [seq_chunks[b], seq_chunks[b+1]),
-                                     // at least one (an empty sequence's is empty)
+  std::vector<uint32_t> seq_chunks;  // uniform: count + 1 offsets: sequence b owns chunks [seq_chunks[b],
+                                     // seq_chunks[b+1]), at least one (an empty sequence's is empty)
   std::vector<DecodeChunk> chunks;
 };
 
@@ -31,7 +42,12 @@ struct DecodePlan {
 struct PlanLimits {
   uint32_t chunks = UINT32_MAX;
   uint32_t parts = UINT32_MAX;
+  uint32_t pieces = UINT32_MAX; // a balanced plan's chunks, fillers included
 };
+
+// Whether the backend may be given a balanced plan: never (it runs uniform chunks only), where the
+// planner finds it cheaper, or always (to test and compare it).
+enum class Balance : uint32_t { never, cheaper, always };
 
 struct PlanRequest {
   const uint32_t *lengths;
@@ -44,6 +60,7 @@ struct PlanRequest {
   uint32_t min_chunk_tokens; // shorter chunks cost more in merging than they gain in parallelism
   uint32_t granule_tokens;   // a work item's unit of tokens (a GPU block's stage): chunks are whole ones
   PlanLimits limits;
+  Balance balance;           // balanced plans are cut for full_rate_workers
 };
 
 DecodePlan make_plan(const PlanRequest &req);
@@ -64,6 +81,7 @@ class PlanCache {
   uint32_t page_size_ = 0, kv_heads_ = 0, chunk_pages_ = 0, workers_ = 0, full_rate_workers_ = 0, min_chunk_tokens_ = 0,
            granule_tokens_ = 0;
   PlanLimits limits_;
+  Balance balance_ = Balance::never;
   bool valid_ = false;
 };
 

@@ -331,7 +331,8 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   const pkv::DecodePlan &plan =
       plans_.get({lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages,
                   backend.workers(geometry_, rows), backend.full_rate_workers(geometry_, rows),
-                  backend.min_chunk_tokens(), backend.chunk_granule_tokens(), backend.plan_limits(geometry_)});
+                  backend.min_chunk_tokens(), backend.chunk_granule_tokens(), backend.plan_limits(geometry_),
+                  backend.plan_balance(geometry_, rows)});
 
   pkv::DecodeBatch batch{};
   batch.table = table_updates();

@@ -31,9 +31,10 @@ struct Batch {
   uint32_t granule_tokens = 64;    // a GPU block's stage
 };
 
-PlanRequest request(const Batch &b, uint32_t chunk_pages, PlanLimits limits) {
+PlanRequest request(const Batch &b, uint32_t chunk_pages, PlanLimits limits, Balance balance = Balance::never) {
   return PlanRequest{b.lengths.data(), uint32_t(b.lengths.size()), b.page_size, b.kv_heads, chunk_pages,
-                     b.workers, b.full_rate_workers ? b.full_rate_workers : b.workers, 64, b.granule_tokens, limits};
+                     b.workers, b.full_rate_workers ? b.full_rate_workers : b.workers, 64, b.granule_tokens, limits,
+                     balance};
 }
 
 // Chunks in sequence order, each sequence's contiguous from 0 to its length (one empty chunk for an
@@ -44,6 +45,7 @@ void check_tiles(const Batch &b, const DecodePlan &p) {
   assert_int_equal(p.seq_chunks.size(), count + 1);
   assert_int_equal(p.seq_chunks[0], 0);
   assert_int_equal(p.seq_chunks[count], p.chunks.size());
+  assert_int_equal(p.workers, 0);
   uint32_t next_part = 0;
   for (uint32_t s = 0; s < count; s++) {
     const uint32_t first = p.seq_chunks[s], last = p.seq_chunks[s + 1];
@@ -53,17 +55,80 @@ void check_tiles(const Batch &b, const DecodePlan &p) {
     for (uint32_t c = first; c < last; c++) {
       const DecodeChunk &ch = p.chunks[c];
       assert_int_equal(ch.seq, s);
+      assert_int_equal(ch.head, kAllHeads);
       assert_int_equal(ch.token_begin, at);
       assert_true(ch.token_end >= ch.token_begin);
       assert_true(ch.token_end - ch.token_begin <= p.chunk_tokens);
       if (ch.token_end != b.lengths[s]) assert_int_equal(ch.token_end % b.page_size, 0);
       assert_true(ch.token_end > ch.token_begin || b.lengths[s] == 0);
+      assert_int_equal(ch.first_part, split ? p.chunks[first].part : kNoPart);
+      assert_int_equal(ch.siblings, last - first);
       assert_int_equal(ch.part, split ? next_part++ : kNoPart);
       at = ch.token_end;
     }
     assert_int_equal(at, b.lengths[s]);
   }
   assert_int_equal(p.parts, next_part);
+}
+
+// A balanced plan over `workers`: chunk j * workers + w is worker w's j-th piece, fillers (kNoSeq)
+// only after a worker's pieces; each (sequence, KV head) pair's pieces tile its context in token
+// order at granule boundaries (one empty piece for an empty sequence), a split pair's on consecutive
+// parts (every part used once); no worker's granules exceed an equal share of the batch's.
+void check_balanced(const Batch &b, const DecodePlan &p, uint32_t workers) {
+  const uint32_t count = uint32_t(b.lengths.size());
+  assert_int_equal(p.workers, workers);
+  assert_int_equal(p.chunks.size() % workers, 0);
+  const uint64_t granule = (b.granule_tokens + b.page_size - 1) / b.page_size * b.page_size;
+  uint64_t total = 0;
+  for (uint32_t len : b.lengths) total += (len + granule - 1) / granule * b.kv_heads;
+  const uint64_t share = std::max<uint64_t>(1, (total + workers - 1) / workers);
+  std::vector<std::vector<const DecodeChunk *>> pair(uint64_t(count) * b.kv_heads);
+  for (uint32_t w = 0; w < workers; w++) {
+    uint64_t granules = 0;
+    bool filler = false;
+    for (size_t c = w; c < p.chunks.size(); c += workers) {
+      const DecodeChunk &ch = p.chunks[c];
+      if (ch.seq == kNoSeq) {
+        filler = true;
+        continue;
+      }
+      assert_false(filler);
+      assert_true(ch.seq < count);
+      assert_true(ch.head < b.kv_heads);
+      granules += (ch.token_end - ch.token_begin + granule - 1) / granule;
+      pair[uint64_t(ch.seq) * b.kv_heads + ch.head].push_back(&ch);
+    }
+    assert_true(granules <= share);
+  }
+  std::vector<int> part_used(p.parts, 0);
+  for (uint32_t s = 0; s < count; s++) {
+    for (uint32_t h = 0; h < b.kv_heads; h++) {
+      std::vector<const DecodeChunk *> pieces = pair[uint64_t(s) * b.kv_heads + h];
+      assert_true(!pieces.empty());
+      std::sort(pieces.begin(), pieces.end(),
+                [](const DecodeChunk *x, const DecodeChunk *y) { return x->token_begin < y->token_begin; });
+      const bool split = pieces.size() > 1;
+      uint32_t at = 0;
+      for (size_t k = 0; k < pieces.size(); k++) {
+        const DecodeChunk &ch = *pieces[k];
+        assert_int_equal(ch.token_begin, at);
+        assert_true(ch.token_end > ch.token_begin || b.lengths[s] == 0);
+        assert_true(ch.token_end - ch.token_begin <= p.chunk_tokens);
+        if (ch.token_end != b.lengths[s]) assert_int_equal(ch.token_end % granule, 0);
+        assert_int_equal(ch.siblings, pieces.size());
+        assert_int_equal(ch.first_part, split ? pieces[0]->part : kNoPart);
+        assert_int_equal(ch.part, split ? pieces[0]->part + k : kNoPart);
+        if (split) {
+          assert_true(ch.part < p.parts);
+          part_used[ch.part]++;
+        }
+        at = ch.token_end;
+      }
+      assert_int_equal(at, b.lengths[s]);
+    }
+  }
+  for (int used : part_used) assert_int_equal(used, 1);
 }
 
 Batch random_batch(tu_rng *r) {
@@ -190,6 +255,49 @@ void test_cache_reuses_same_batch(void **) {
   check_tiles(b, grown);
   const uint64_t second = grown.generation;
   assert_true(cache.get(request(b, 4, PlanLimits{})).generation != second);
+  const uint64_t third = cache.get(request(b, 0, PlanLimits{})).generation;
+  assert_true(cache.get(request(b, 0, PlanLimits{}, Balance::always)).generation != third);
+}
+
+void test_random_balanced_plans(void **) {
+  tu_rng r = tu_rng_make(tu_seed());
+  for (int round = 0; round < 300; round++) {
+    const Batch b = random_batch(&r);
+    const uint32_t workers = b.full_rate_workers ? b.full_rate_workers : b.workers;
+    check_balanced(b, make_plan(request(b, 0, PlanLimits{}, Balance::always)), workers);
+    // Within the bounds a GPU sizes its plan buffer by, or a uniform plan that fits them.
+    const PlanLimits bounds = chosen_plan_bounds(uint32_t(b.lengths.size()), b.kv_heads, b.workers);
+    const DecodePlan chosen = make_plan(request(b, 0, bounds, Balance::cheaper));
+    if (chosen.workers) {
+      check_balanced(b, chosen, workers);
+      assert_true(chosen.chunks.size() <= bounds.pieces);
+      assert_true(chosen.parts <= bounds.parts);
+    } else {
+      check_tiles(b, chosen);
+      assert_true(chosen.chunks.size() <= bounds.chunks);
+    }
+    // An explicit chunk size is a uniform plan's.
+    check_tiles(b, make_plan(request(b, 1 + tu_below(&r, 64), PlanLimits{}, Balance::always)));
+  }
+}
+
+// Where a uniform plan's items cannot fill the workers (KV heads that do not divide them), a
+// balanced plan gives every full-rate worker an equal share: 8 x 32K tokens of 8 KV heads over 132
+// full-rate workers of 264 (float head_dim 128 on the H200) is 128 uniform items, or 132 equal
+// shares. Short items stay uniform: their latency, not a share of the bandwidth, bounds them.
+void test_balanced_where_uniform_leaves_workers_idle(void **) {
+  Batch b{std::vector<uint32_t>(8, 32768), 16, 8, 264, 132};
+  const DecodePlan p = make_plan(request(b, 0, PlanLimits{}, Balance::cheaper));
+  check_balanced(b, p, 132);
+  const DecodePlan one = make_plan(request(Batch{{131072}, 16, 8, 264, 132}, 0, PlanLimits{}, Balance::cheaper));
+  assert_int_equal(one.workers, 132);
+  Batch small{{1024}, 16, 8, 264, 132};
+  check_tiles(small, make_plan(request(small, 0, PlanLimits{}, Balance::cheaper)));
+  Batch ragged{{4096, 256, 256, 256, 256, 256, 256, 256}, 16, 8, 264, 132};
+  check_tiles(ragged, make_plan(request(ragged, 0, PlanLimits{}, Balance::cheaper)));
+  // A batch that fills the workers exactly stays uniform.
+  Batch even{std::vector<uint32_t>(33, 32768), 16, 4, 132, 132};
+  check_tiles(even, make_plan(request(even, 0, PlanLimits{}, Balance::cheaper)));
 }
 
 } // namespace
@@ -201,6 +309,8 @@ int main(void) {
       cmocka_unit_test(test_short_beside_long_stay_whole),
       cmocka_unit_test(test_short_items_use_every_worker),
       cmocka_unit_test(test_cache_reuses_same_batch),
+      cmocka_unit_test(test_random_balanced_plans),
+      cmocka_unit_test(test_balanced_where_uniform_leaves_workers_idle),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

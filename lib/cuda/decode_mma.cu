@@ -901,11 +901,10 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const float *q_scale_sm = q_scale_of(mt);
   const PkvPool &pool = p.pool;
   const uint32_t group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group;
-  const uint32_t per_chunk = pool.kv_heads * p.row_tiles;
-  const PkvChunk *chunks = reinterpret_cast<const PkvChunk *>(p.chunks);
+  const PkvChunk *chunks = reinterpret_cast<const PkvChunk *>(p.chunks); // one KV head's each
   // The first item's chunk is read alongside the chunk count, not after it: the grid covers the plan
   // it was launched for, so the chunk lies in the plan buffer.
-  PkvChunk c = chunks[blockIdx.x / per_chunk];
+  PkvChunk c = chunks[blockIdx.x / p.row_tiles];
   const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
   const float q_mul = p.scale * 1.4426950408889634f; // scores in log2 units
@@ -913,9 +912,11 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const QParts qp{!q_exact, q_exact ? q_mul : 1.0f};
   const float q_pre = q_exact ? 1.0f : q_mul; // what q_values multiplies q by
 
-  for (uint32_t item = blockIdx.x; item < n_chunks * per_chunk; item += gridDim.x) {
-    const uint32_t ci = item / per_chunk, h = item % per_chunk / p.row_tiles, z = item % p.row_tiles;
-    if (item != blockIdx.x) c = chunks[ci];
+  for (uint32_t item = blockIdx.x; item < n_chunks * p.row_tiles; item += gridDim.x) {
+    const uint32_t z = item % p.row_tiles;
+    if (item != blockIdx.x) c = chunks[item / p.row_tiles];
+    if (c.seq == kNoSeq) continue; // a balanced plan's filler (every thread skips it)
+    const uint32_t h = c.head;
     const uint32_t length = c.length;
     // Query row r of this tile: (token, head of the group), or nothing past the group's rows.
     auto q_head = [&](uint32_t r) {
@@ -1178,7 +1179,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // The last of the sequence's chunks to finish (for this KV head and row tile) merges them all.
       // One thread counts for the block: the barrier orders the block's partial writes before its
       // release, and the last block's acquire orders them before its reads.
-      const uint32_t chunks_of_seq = c.chunks;
+      const uint32_t chunks_of_seq = c.siblings;
       __syncthreads();
       if (tid == 0) {
         uint32_t *counter = reinterpret_cast<uint32_t *>(p.counters) + (uint64_t(first_part) * pool.kv_heads + h) * p.row_tiles + z;

@@ -57,14 +57,19 @@ typedef struct PkvCopyParams {
   uint32_t count, reserved;
 } PkvCopyParams;
 
+/* A chunk of a sequence (lib/plan.hpp's DecodeChunk): every KV head's for the older kernels (the
+ * grid gives the head), one KV head's for the tensor-core kernel, whose items are (record, row tile);
+ * seq UINT32_MAX: a balanced plan's filler, which its block skips. */
 typedef struct PkvChunk {
   uint32_t seq, token_begin, token_end;
   uint32_t part; /* a split sequence's partial-result slot; UINT32_MAX: the sequence's only chunk */
   /* The sequence's own, repeated in each of its chunks so that a block reads its item in one go: */
   uint32_t slot;       /* page-table row */
   uint32_t length;
-  uint32_t first_part; /* part of the sequence's first chunk (when split) */
-  uint32_t chunks;     /* how many the sequence has */
+  uint32_t first_part; /* part of the first chunk of the sequence (and head), when split */
+  uint32_t siblings;   /* how many chunks the sequence (and head) has */
+  uint32_t head;       /* the KV head (tensor-core kernel); UINT32_MAX: every one */
+  uint32_t reserved[3];
 } PkvChunk;
 
 /* The start of a pool's plan buffer. The arrays after it sit at offsets fixed by the pool's capacity

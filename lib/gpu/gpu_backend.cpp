@@ -109,6 +109,7 @@ class GpuBackend final : public Backend {
     narrow_ = !(kernel && std::strcmp(kernel, "mma16") == 0);
     narrow_ntiles_ = narrow_ && !(kernel && std::strcmp(kernel, "mma8") == 0);
     four_block_kernels_ = !(kernel && std::strcmp(kernel, "mma3") == 0);
+    balance_ = balance_from_environment(std::getenv("PKV_PLAN"));
     try {
       Current current(*this);
       int sms = 0, warp = 0;
@@ -169,8 +170,16 @@ class GpuBackend final : public Backend {
   PlanLimits plan_limits(const PoolGeometry &g) override {
     return chosen_plan_bounds(g.max_sequences, g.kv_heads, workers(g, 1)); // the most blocks at once
   }
+  // The plan buffer holds a record per (chunk, KV head) of the tensor-core kernel's plans: as many as
+  // a balanced plan may have (PlanLimits::pieces).
   uint64_t plan_buffer_bytes(const PoolGeometry &g) override {
-    return plan_layout(g.max_sequences, plan_limits(g).chunks).bytes;
+    return plan_layout(g.max_sequences, plan_limits(g).pieces).bytes;
+  }
+  // Balanced plans where the tensor-core kernel's blocks each serve all of a KV head's query rows:
+  // the launch is then one block for each full-rate worker, which takes its pieces in turn.
+  Balance plan_balance(const PoolGeometry &g, uint32_t rows) override {
+    if (decode_kind(g) != DecodeKind::mma) return Balance::never;
+    return rows <= mma_shape(g, rows).rows() ? balance_ : Balance::never;
   }
 
   DevPtr alloc(uint64_t bytes) override {
@@ -304,7 +313,7 @@ class GpuBackend final : public Backend {
     if (host) ensure(&decode_out_, align16(out_bytes) + heads * 4);
 
     const DecodePlan &plan = *b.plan;
-    const PlanLayout l = plan_layout(g.max_sequences, plan_limits(g).chunks);
+    const PlanLayout l = plan_layout(g.max_sequences, plan_limits(g).pieces);
     PkvDecodeParams p{};
     p.pool = pool_params(g);
     p.plan = g.plan;
@@ -322,7 +331,7 @@ class GpuBackend final : public Backend {
     p.count = b.count;
     p.q_heads = b.q_heads;
     p.q_tokens = b.q_tokens;
-    p.n_chunks = uint32_t(plan.chunks.size());
+    p.n_chunks = uint32_t(plan.chunks.size()); // the older kernels' (the tensor-core kernel reads the plan's)
     p.row_tiles = k.row_tiles;
     p.mtiles = k.mtiles;
     p.q_aligned = p.q % 16 == 0;
@@ -333,8 +342,10 @@ class GpuBackend final : public Backend {
     const unsigned n_chunks = unsigned(plan.chunks.size());
     switch (k.kind) {
     case DecodeKind::mma:
-      // Blocks loop over items, so a replay of a larger plan is still covered.
-      launch(k.fn, n_chunks * g.kv_heads * k.row_tiles, 1, 1, &p, k.mtiles * PKV_MMA_WARPS * 32, 1, 1, k.shared_bytes);
+      // Blocks loop over items, so a replay of a larger plan is still covered; a balanced plan's
+      // workers are one block each (one row tile: plan_balance).
+      launch(k.fn, plan.workers ? plan.workers : n_chunks * g.kv_heads * k.row_tiles, 1, 1, &p,
+             k.mtiles * PKV_MMA_WARPS * 32, 1, 1, k.shared_bytes);
       break;
     case DecodeKind::fast:
       launch(k.fn, n_chunks, g.kv_heads, k.row_tiles, &p, g.head_dim / 8, k.bdy, k.bdz, k.shared_bytes);
@@ -451,6 +462,17 @@ class GpuBackend final : public Backend {
       fail(PKV_ERR_UNSUPPORTED, "PKV_DECODE_KERNEL=%s: the tensor-core decode kernels are CUDA-only; the %s backend "
            "has fast and generic", kernel, dev_->name());
     return mma ? DecodeKind::mma : DecodeKind::fast;
+  }
+
+  // PKV_PLAN=balanced|cheaper: balanced plans wherever the tensor-core kernel may take them, or where
+  // the planner finds them cheaper; unset or uniform: sequence-wide chunks only. Balanced plans are
+  // not yet the default: on the H200 their test passes failed (docs/cuda.md, "Balanced plans").
+  static Balance balance_from_environment(const char *plan) {
+    if (!plan || !*plan) return Balance::never;
+    if (std::strcmp(plan, "cheaper") == 0) return Balance::cheaper;
+    if (std::strcmp(plan, "uniform") == 0) return Balance::never;
+    if (std::strcmp(plan, "balanced") == 0) return Balance::always;
+    fail(PKV_ERR_INVALID_ARGUMENT, "PKV_PLAN=%s: expected uniform, balanced or cheaper (or unset)", plan);
   }
 
   // The tensor-core kernel's tiles of query rows (MmaShape): wide, or narrow of 1, 2 or 4 n-tiles.
@@ -640,11 +662,15 @@ class GpuBackend final : public Backend {
     }
     if (b.plan_resident) return;
     const DecodePlan &plan = *b.plan;
-    const PlanLayout l = plan_layout(g.max_sequences, plan_limits(g).chunks);
-    if (plan.chunks.size() > (l.bytes - l.chunks) / sizeof(PkvChunk) || b.count > g.max_sequences)
+    const PlanLayout l = plan_layout(g.max_sequences, plan_limits(g).pieces);
+    // The tensor-core kernel takes a record per item's (chunk, KV head); the older kernels one per
+    // chunk, with the KV head from the grid.
+    const bool per_head = decode_kind(g) == DecodeKind::mma;
+    const uint64_t records = plan.workers || !per_head ? plan.chunks.size() : plan.chunks.size() * g.kv_heads;
+    if (records > (l.bytes - l.chunks) / sizeof(PkvChunk) || b.count > g.max_sequences)
       fail(PKV_ERR_INTERNAL, "a plan of %zu chunks for %u sequences exceeds the pool's plan buffer",
            plan.chunks.size(), b.count);
-    const PkvPlanHeader header{uint32_t(plan.chunks.size()), b.count, plan.parts, 0};
+    const PkvPlanHeader header{uint32_t(records), b.count, plan.parts, 0};
     Upload up;
     up.place(0, &header, sizeof header);
     up.place(l.slots, b.seq_slots, uint64_t(b.count) * 4);
@@ -652,9 +678,14 @@ class GpuBackend final : public Backend {
     up.place(l.seq_chunks, plan.seq_chunks.data(), plan.seq_chunks.size() * 4);
     device_chunks_.clear();
     for (const DecodeChunk &c : plan.chunks) {
-      const uint32_t first = plan.seq_chunks[c.seq], n = plan.seq_chunks[c.seq + 1] - first;
-      device_chunks_.push_back({c.seq, c.token_begin, c.token_end, c.part, b.seq_slots[c.seq], b.lengths[c.seq],
-                                plan.chunks[first].part, n});
+      const bool filler = c.seq == kNoSeq;
+      PkvChunk d{c.seq, c.token_begin, c.token_end, c.part, filler ? 0 : b.seq_slots[c.seq],
+                 filler ? 0 : b.lengths[c.seq], c.first_part, c.siblings, c.head, {}};
+      if (c.head != kAllHeads || !per_head) {
+        device_chunks_.push_back(d);
+        continue;
+      }
+      for (d.head = 0; d.head < g.kv_heads; d.head++) device_chunks_.push_back(d);
     }
     up.place(l.chunks, device_chunks_.data(), device_chunks_.size() * sizeof(PkvChunk));
     send(up, g.plan);
@@ -765,6 +796,7 @@ class GpuBackend final : public Backend {
   bool narrow_ = true; // the tensor-core kernel's narrow tile serves where it can
   bool narrow_ntiles_ = true; // and its kinds of several n-tiles
   bool four_block_kernels_ = true; // the four-block variants serve where they exist and hold four blocks
+  Balance balance_ = Balance::never; // what plan_balance offers the planner (PKV_PLAN)
   // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
   // by [MmaTile].
   Function fast_functions_[3][4][4] = {}, mma_functions_[kMmaTiles][3][4][4] = {};
