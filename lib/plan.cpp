@@ -13,6 +13,11 @@ constexpr uint64_t kMaxWaves = 4;
 
 uint64_t pages_of(uint64_t tokens, uint32_t page_size) { return (tokens + page_size - 1) / page_size; }
 
+// The workers that run at the full rate, at least one and at most all.
+uint32_t full_rate_of(const PlanRequest &req) {
+  return std::min(std::max<uint32_t>(1, req.workers), std::max<uint32_t>(1, req.full_rate_workers));
+}
+
 // Chunks that run at once: every chunk is an item for each KV head.
 uint64_t chunk_slots(uint64_t workers, uint32_t kv_heads) {
   return std::max<uint64_t>(1, workers / std::max<uint32_t>(1, kv_heads));
@@ -72,7 +77,7 @@ Choice choose_chunk_pages(const PlanRequest &req) {
   const uint64_t longest = sorted.empty() ? 1 : std::max<uint64_t>(1, sorted.back());
   const uint64_t fixed = pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size);
   const uint32_t workers = std::max<uint32_t>(1, req.workers), kv_heads = std::max<uint32_t>(1, req.kv_heads);
-  const uint32_t full_rate = std::min(workers, std::max<uint32_t>(1, req.full_rate_workers));
+  const uint32_t full_rate = full_rate_of(req);
   const double lone = double(full_rate) / workers; // a lone worker's time for a page
   double pages = 0;
   for (uint64_t p : sorted) pages += double(p) * kv_heads;
@@ -169,7 +174,7 @@ bool balanced_plan(const PlanRequest &req, uint32_t workers, DecodePlan *plan, d
     }
   }
   if (plan->parts > req.limits.parts) return false;
-  const uint32_t full_rate = std::min(std::max<uint32_t>(1, req.workers), std::max<uint32_t>(1, req.full_rate_workers));
+  const uint32_t full_rate = full_rate_of(req);
   const double lone = double(full_rate) / std::max<uint32_t>(1, req.workers);
   const double fixed = double(pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size));
   const double pairs = std::max(1.0, double(req.count) * req.kv_heads);
@@ -212,8 +217,7 @@ DecodePlan make_plan(const PlanRequest &req) {
   if (req.balance != Balance::never && !req.chunk_pages && req.count) {
     DecodePlan balanced;
     double cost = INFINITY;
-    const uint32_t workers = std::min(std::max<uint32_t>(1, req.workers), std::max<uint32_t>(1, req.full_rate_workers));
-    if (balanced_plan(req, workers, &balanced, &cost) && (req.balance == Balance::always || cost < choice.cost)) {
+    if (balanced_plan(req, full_rate_of(req), &balanced, &cost) && (req.balance == Balance::always || cost < choice.cost)) {
       balanced.generation = ++g_generation;
       return balanced;
     }
