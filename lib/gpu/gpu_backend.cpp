@@ -663,10 +663,11 @@ class GpuBackend final : public Backend {
     if (b.plan_resident) return;
     const DecodePlan &plan = *b.plan;
     const PlanLayout l = plan_layout(g.max_sequences, plan_limits(g).pieces);
-    // The tensor-core kernel takes a record per item's (chunk, KV head); the older kernels one per
-    // chunk, with the KV head from the grid.
-    const bool per_head = decode_kind(g) == DecodeKind::mma;
-    const uint64_t records = plan.workers || !per_head ? plan.chunks.size() : plan.chunks.size() * g.kv_heads;
+    // The tensor-core kernel takes a record per item's (chunk, KV head): a uniform plan's chunk
+    // becomes one for each KV head, a balanced plan's pieces (fillers too) are one already. The older
+    // kernels take one per chunk, with the KV head from the grid.
+    const bool per_head = decode_kind(g) == DecodeKind::mma && !plan.workers;
+    const uint64_t records = per_head ? plan.chunks.size() * g.kv_heads : plan.chunks.size();
     if (records > (l.bytes - l.chunks) / sizeof(PkvChunk) || b.count > g.max_sequences)
       fail(PKV_ERR_INTERNAL, "a plan of %zu chunks for %u sequences exceeds the pool's plan buffer",
            plan.chunks.size(), b.count);
@@ -681,7 +682,7 @@ class GpuBackend final : public Backend {
       const bool filler = c.seq == kNoSeq;
       PkvChunk d{c.seq, c.token_begin, c.token_end, c.part, filler ? 0 : b.seq_slots[c.seq],
                  filler ? 0 : b.lengths[c.seq], c.first_part, c.siblings, c.head, {}};
-      if (c.head != kAllHeads || !per_head) {
+      if (!per_head) {
         device_chunks_.push_back(d);
         continue;
       }

@@ -1,0 +1,331 @@
+// The GPU backend's host code on a stand-in device (host memory; kernels launched into nothing):
+// what pkv_decode_prepare puts into the pool's plan buffer, read back and checked against the
+// contract the kernels read it by (lib/cuda/kernel_params.h): the header, the batch's page-table rows
+// and lengths, and records that cover every (sequence, KV head)'s context exactly once, in parts
+// numbered as the merge expects. Uniform and balanced plans, fillers included, for the tensor-core
+// kernel (a record per KV head) and the older kernels (a record per chunk); every transfer must stay
+// inside the allocation it writes, as a real device would insist. Runs without a GPU.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+// The library's headers first: cmocka's fail() macro would rename pkv::fail.
+#include "cuda/kernel_params.h"
+#include "error.hpp"
+#include "gpu/gpu_backend.hpp"
+#include "plan.hpp"
+
+#include <cstdarg>
+#include <cstddef>
+#include <csetjmp>
+extern "C" {
+#include <cmocka.h>
+}
+
+namespace {
+
+using namespace pkv;
+using gpu::Call;
+
+// An H200-like device whose memory is host memory: copies land at once, launches do nothing.
+class FakeDevice final : public gpu::Device, public gpu::TensorCores {
+ public:
+  // The allocation holding [p, p + bytes), or null.
+  uint8_t *at(DevPtr p, uint64_t bytes) {
+    auto it = memory_.upper_bound(p);
+    if (it == memory_.begin()) return nullptr;
+    --it;
+    const uint64_t offset = p - it->first;
+    return offset + bytes <= it->second.size() ? it->second.data() + offset : nullptr;
+  }
+
+  pkv_backend kind() const override { return PKV_BACKEND_CUDA; }
+  const char *name() const override { return "fake"; }
+  const gpu::Images &images() const override { return images_; }
+  gpu::TensorCores *tensor_cores() override { return this; }
+  std::string describe(int result) const override { return "fake error " + std::to_string(result); }
+  std::string identity() const override { return "a stand-in device"; }
+
+  Call enter(int *token) override { return *token = 0, ok("enter"); }
+  void leave(int) noexcept override {}
+  Call attribute(gpu::Attribute a, int *value) override {
+    *value = a == gpu::Attribute::multiprocessors ? 132 : 32;
+    return ok("attribute");
+  }
+
+  Call stream_create(gpu::Stream *s) override { return *s = handle<gpu::Stream>(), ok("stream_create"); }
+  Call stream_destroy(gpu::Stream) override { return ok("stream_destroy"); }
+  Call stream_synchronize(gpu::Stream) override { return ok("stream_synchronize"); }
+  Call stream_capture_status(gpu::Stream, int *status) override { return *status = 0, ok("capture_status"); }
+  Call event_create(gpu::Event *e, bool) override { return *e = handle<gpu::Event>(), ok("event_create"); }
+  Call event_destroy(gpu::Event) override { return ok("event_destroy"); }
+  Call event_record(gpu::Event, gpu::Stream) override { return ok("event_record"); }
+  Call event_synchronize(gpu::Event) override { return ok("event_synchronize"); }
+  Call event_elapsed_ms(float *ms, gpu::Event, gpu::Event) override { return *ms = 1.0f, ok("event_elapsed"); }
+
+  Call alloc(DevPtr *ptr, size_t bytes) override {
+    *ptr = next_;
+    memory_[next_].assign(bytes, 0xa5);
+    next_ += (bytes + 0xffff) / 0x10000 * 0x10000 + 0x10000; // a gap: overruns hit no neighbour
+    return ok("alloc");
+  }
+  Call free(DevPtr ptr) override { return memory_.erase(ptr) ? ok("free") : Call{1, "free"}; }
+  Call host_alloc(void **ptr, size_t bytes) override {
+    host_.emplace_back(bytes);
+    *ptr = host_.back().data();
+    return ok("host_alloc");
+  }
+  Call host_free(void *) override { return ok("host_free"); }
+  Call copy_to_device(DevPtr dst, const void *src, size_t bytes, gpu::Stream) override {
+    uint8_t *d = at(dst, bytes);
+    if (!d) return Call{1, "copy_to_device (past the end of its allocation)"};
+    std::memcpy(d, src, bytes);
+    return ok("copy_to_device");
+  }
+  Call copy_to_host(void *dst, DevPtr src, size_t bytes, gpu::Stream) override {
+    const uint8_t *s = at(src, bytes);
+    if (!s) return Call{1, "copy_to_host (past the end of its allocation)"};
+    std::memcpy(dst, s, bytes);
+    return ok("copy_to_host");
+  }
+  Call fill32(DevPtr dst, uint32_t value, size_t count, gpu::Stream) override {
+    uint8_t *d = at(dst, count * 4);
+    if (!d) return Call{1, "fill32 (past the end of its allocation)"};
+    for (size_t i = 0; i < count; i++) std::memcpy(d + 4 * i, &value, 4);
+    return ok("fill32");
+  }
+
+  Call module_load(gpu::Module *m, const void *) override { return *m = handle<gpu::Module>(), ok("module_load"); }
+  Call module_unload(gpu::Module) override { return ok("module_unload"); }
+  Call function(gpu::Function *f, gpu::Module, const char *) override {
+    return *f = handle<gpu::Function>(), ok("function");
+  }
+  Call launch(gpu::Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, gpu::Stream,
+              void **) override {
+    return ok("launch");
+  }
+
+  // sm_90's: 227 KB a block, 228 KB and 2048 threads a multiprocessor.
+  Call set_shared_limit(gpu::Function, int) override { return ok("set_shared_limit"); }
+  Call shared_per_block(int *bytes) override { return *bytes = 227 * 1024, ok("shared_per_block"); }
+  Call static_shared(gpu::Function, int *bytes) override { return *bytes = 0, ok("static_shared"); }
+  Call occupancy(int *blocks, gpu::Function, int threads, size_t shared_bytes) override {
+    *blocks = int(std::min<size_t>(228 * 1024 / (shared_bytes + 1024), size_t(2048 / threads)));
+    return ok("occupancy");
+  }
+
+ private:
+  static Call ok(const char *what) { return Call{gpu::kSuccess, what}; }
+  template <class H> H handle() { return reinterpret_cast<H>(++handles_); }
+
+  static constexpr unsigned char image_[1] = {0};
+  gpu::Images images_{image_, image_, image_, image_, "fake"};
+  std::map<DevPtr, std::vector<uint8_t>> memory_;
+  std::deque<std::vector<uint8_t>> host_;
+  DevPtr next_ = 0x10000000;
+  uintptr_t handles_ = 0x1000;
+};
+
+constexpr uint32_t kMaxSequences = 16, kPageSize = 16, kMaxTokens = 128 * 1024;
+
+struct Setup {
+  FakeDevice *device; // owned by the backend
+  std::unique_ptr<Backend> backend;
+  PoolGeometry g{};
+};
+
+// A backend on a fresh stand-in device, with the decode kernel family PKV_DECODE_KERNEL names, and
+// a pool geometry of one page whose plan buffer is the backend's size for it.
+Setup make_setup(const char *kernel, uint32_t kv_heads, uint32_t head_dim, pkv_format format) {
+  if (kernel) setenv("PKV_DECODE_KERNEL", kernel, 1);
+  else unsetenv("PKV_DECODE_KERNEL");
+  auto device = std::make_unique<FakeDevice>();
+  Setup s;
+  s.device = device.get();
+  try {
+    s.backend = make_gpu_backend(std::move(device), nullptr);
+  } catch (const Error &e) {
+    fail_msg("the backend on the stand-in device: %s", e.message.c_str());
+  }
+  PoolGeometry &g = s.g;
+  g.layers = 1;
+  g.kv_heads = kv_heads;
+  g.head_dim = head_dim;
+  g.page_size = kPageSize;
+  g.pages = 1;
+  g.max_sequences = kMaxSequences;
+  g.table_stride = kMaxTokens / kPageSize;
+  g.k = make_plane_layout(format, kv_heads, kPageSize, head_dim);
+  g.v = make_plane_layout(format, kv_heads, kPageSize, head_dim);
+  g.block_bytes = g.k.bytes + g.v.bytes;
+  g.base = s.backend->alloc(g.total_bytes());
+  g.table = s.backend->alloc(g.table_bytes());
+  g.plan = s.backend->alloc(s.backend->plan_buffer_bytes(g));
+  return s;
+}
+
+uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
+
+// Puts the batch's plan on the stand-in device through prepare_decode and checks what arrived.
+// `per_head`: the kernel takes a record per (chunk, KV head).
+// `may_fall_back`: a balanced plan may not fit the limits (make_plan then makes a uniform one).
+void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balance, bool per_head,
+                  bool may_fall_back = false) {
+  const PoolGeometry &g = s.g;
+  const uint32_t count = uint32_t(lengths.size()), rows = 4; // GQA groups of 4, one query token
+  Backend &b = *s.backend;
+  const DecodePlan plan = make_plan({lengths.data(), count, g.page_size, g.kv_heads, 0, b.workers(g, rows),
+                                     b.full_rate_workers(g, rows), b.min_chunk_tokens(), b.chunk_granule_tokens(),
+                                     b.plan_limits(g), balance});
+  if ((balance == Balance::never) != (plan.workers == 0) && !(may_fall_back && !plan.workers))
+    fail_msg("kv_heads %u, head_dim %u, %zu sequences (the first %u tokens): a %s plan where a %s one was asked for",
+             g.kv_heads, g.head_dim, lengths.size(), lengths[0], plan.workers ? "balanced" : "uniform",
+             balance == Balance::never ? "uniform" : "balanced");
+  // Page-table rows in no particular order, none the batch index.
+  std::vector<uint32_t> slots(count);
+  for (uint32_t i = 0; i < count; i++) slots[i] = (7 * i + 3) % kMaxSequences;
+
+  DecodeBatch batch{};
+  batch.count = count;
+  batch.q_heads = rows * g.kv_heads;
+  batch.q_tokens = 1;
+  batch.q_format = batch.out_format = PKV_FORMAT_F32;
+  batch.memory = PKV_MEMORY_DEVICE;
+  batch.seq_slots = slots.data();
+  batch.lengths = lengths.data();
+  batch.plan = &plan;
+  try {
+    b.prepare_decode(g, batch);
+  } catch (const Error &e) {
+    fail_msg("prepare_decode of %zu chunks: %s", plan.chunks.size(), e.message.c_str());
+  }
+
+  // The buffer's arrays at the offsets its capacity fixes: header, slots, lengths, sequence
+  // offsets, records.
+  const uint64_t at_slots = align16(sizeof(PkvPlanHeader)), at_lengths = at_slots + align16(4 * kMaxSequences);
+  const uint64_t at_seq_chunks = at_lengths + align16(4 * kMaxSequences);
+  const uint64_t at_records = at_seq_chunks + align16(4 * (kMaxSequences + 1));
+  const uint8_t *buffer = s.device->at(g.plan, at_records);
+  assert_non_null(buffer);
+  PkvPlanHeader header;
+  std::memcpy(&header, buffer, sizeof header);
+  assert_int_equal(header.count, count);
+  assert_int_equal(header.parts, plan.parts);
+  assert_int_equal(header.n_chunks, per_head && !plan.workers ? plan.chunks.size() * g.kv_heads : plan.chunks.size());
+  assert_memory_equal(buffer + at_slots, slots.data(), 4 * count);
+  assert_memory_equal(buffer + at_lengths, lengths.data(), 4 * count);
+  const uint8_t *record_bytes = s.device->at(g.plan + at_records, uint64_t(header.n_chunks) * sizeof(PkvChunk));
+  assert_non_null(record_bytes);
+  std::vector<PkvChunk> records(header.n_chunks);
+  std::memcpy(records.data(), record_bytes, records.size() * sizeof(PkvChunk));
+
+  // Each (sequence, KV head)'s records, in token order, tile [0, length): one record with part
+  // kNoPart, or `siblings` records with parts first_part, first_part + 1, ...
+  const uint32_t heads = per_head ? g.kv_heads : 1;
+  std::vector<std::vector<PkvChunk>> by_pair(size_t(count) * heads);
+  uint32_t fillers = 0;
+  for (const PkvChunk &r : records) {
+    if (r.seq == kNoSeq) {
+      fillers++;
+      continue;
+    }
+    assert_true(r.seq < count);
+    assert_int_equal(r.slot, slots[r.seq]);
+    assert_int_equal(r.length, lengths[r.seq]);
+    if (per_head) assert_true(r.head < g.kv_heads);
+    else assert_int_equal(r.head, kAllHeads);
+    by_pair[size_t(r.seq) * heads + (per_head ? r.head : 0)].push_back(r);
+  }
+  if (!plan.workers) assert_int_equal(fillers, 0);
+  std::vector<bool> part_used(plan.parts, false);
+  for (uint32_t seq = 0; seq < count; seq++)
+    for (uint32_t h = 0; h < heads; h++) {
+      std::vector<PkvChunk> &pieces = by_pair[size_t(seq) * heads + h];
+      assert_false(pieces.empty());
+      std::sort(pieces.begin(), pieces.end(),
+                [](const PkvChunk &x, const PkvChunk &y) { return x.token_begin < y.token_begin; });
+      uint32_t next = 0;
+      for (size_t i = 0; i < pieces.size(); i++) {
+        const PkvChunk &r = pieces[i];
+        assert_int_equal(r.token_begin, next);
+        assert_true(r.token_end > r.token_begin || lengths[seq] == 0);
+        next = r.token_end;
+        assert_int_equal(r.siblings, pieces.size());
+        if (pieces.size() == 1) {
+          assert_int_equal(r.part, kNoPart);
+          continue;
+        }
+        assert_int_equal(r.part, pieces[0].first_part + i);
+        assert_int_equal(r.first_part, pieces[0].first_part);
+        assert_true(r.part < plan.parts);
+        // A part is one (chunk, KV head)'s where the record is one KV head's; the older kernels
+        // index a chunk's part by KV head themselves.
+        if (!per_head || plan.workers) {
+          assert_false(part_used[r.part]);
+          part_used[r.part] = true;
+        }
+      }
+      assert_int_equal(next, lengths[seq]);
+    }
+}
+
+struct Batch {
+  std::vector<uint32_t> lengths;
+  bool may_fall_back;
+};
+
+// Batches with a long sequence beside short ones (balanced plans leave workers fillers there), a
+// uniform one, one of a single sequence, and one with empty and sub-page sequences: its equal
+// shares put a piece of each of the small pairs on one worker, more rounds than the limits hold.
+const std::vector<Batch> &batches() {
+  static const std::vector<Batch> all = {
+      {{kMaxTokens, 8192, 8192, 8192, 8192, 8192, 8192, 8192}, false},
+      {{4096, 256, 256, 256, 256, 256, 256, 256}, false},
+      {std::vector<uint32_t>(8, 32768), false},
+      {{1024}, false},
+      {{32768}, false},
+      {{0, 1, 17, 1000, 5000, 40000}, true},
+  };
+  return all;
+}
+
+void run_all(const char *kernel, bool per_head, const std::vector<Balance> &balances) {
+  struct Shape {
+    uint32_t kv_heads, head_dim;
+    pkv_format format;
+  };
+  for (const Shape &shape : {Shape{8, 128, PKV_FORMAT_F16}, Shape{4, 256, PKV_FORMAT_Q4_0}, Shape{1, 64, PKV_FORMAT_Q8_0}}) {
+    Setup s = make_setup(kernel, shape.kv_heads, shape.head_dim, shape.format);
+    for (Balance balance : balances)
+      for (const Batch &batch : batches()) check_upload(s, batch.lengths, balance, per_head, batch.may_fall_back);
+  }
+}
+
+void tensor_core_uniform(void **) { run_all(nullptr, true, {Balance::never}); }
+void tensor_core_balanced(void **) { run_all(nullptr, true, {Balance::always}); }
+void older_kernels_uniform(void **) { run_all("fast", false, {Balance::never}); }
+
+// A balanced plan where a uniform one was uploaded before it, and back: the records are each
+// plan's own, nothing left over from the other.
+void alternating_plans(void **) {
+  Setup s = make_setup(nullptr, 8, 128, PKV_FORMAT_F16);
+  for (int round = 0; round < 2; round++)
+    for (Balance balance : {Balance::always, Balance::never}) check_upload(s, batches()[0].lengths, balance, true);
+}
+
+} // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(tensor_core_uniform),
+      cmocka_unit_test(tensor_core_balanced),
+      cmocka_unit_test(older_kernels_uniform),
+      cmocka_unit_test(alternating_plans),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
