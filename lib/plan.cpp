@@ -120,40 +120,50 @@ struct Piece {
   uint32_t seq, head, token_begin, token_end, worker;
 };
 
-// The batch's (sequence, KV head) pairs in order, each in whole granules, dealt out as `workers`
-// equal shares of granules (the last may be shorter): a share that ends inside a pair splits it. An
-// empty pair takes an empty piece, so its worker writes its result. In dealing order.
-std::vector<Piece> deal(const PlanRequest &req, uint32_t workers, uint64_t *share) {
+// The batch's sequences in whole granules, dealt out to `groups` as equal shares of granules (the
+// last may be shorter): a share that ends inside a sequence splits it. A group is kv_heads workers
+// (group g's for KV head h: g * kv_heads + h), and its piece of a sequence one piece for each KV
+// head, the same tokens on each, so that a page's KV heads, whose rows lie together in it, are read
+// at about the same time: dealing each (sequence, KV head) pair's granules in turn measured up to
+// 6% slower (H200, docs/perf/2026-12-04-h200-cuda-session19.md). An empty sequence takes empty
+// pieces, so their workers write its results. By pair, in token order.
+std::vector<Piece> deal(const PlanRequest &req, uint32_t groups, uint64_t *share) {
+  struct Span {
+    uint32_t token_begin, token_end, group;
+  };
   const uint64_t granule = granule_of(req);
   uint64_t total = 0;
-  for (uint32_t b = 0; b < req.count; b++) total += (uint64_t(req.lengths[b]) + granule - 1) / granule * req.kv_heads;
-  *share = std::max<uint64_t>(1, (total + workers - 1) / workers);
+  for (uint32_t b = 0; b < req.count; b++) total += (uint64_t(req.lengths[b]) + granule - 1) / granule;
+  *share = std::max<uint64_t>(1, (total + groups - 1) / groups);
   std::vector<Piece> pieces;
-  uint32_t w = 0;
-  uint64_t used = 0; // of worker w's share
+  std::vector<Span> spans; // of one sequence
+  uint32_t g = 0;
+  uint64_t used = 0; // of group g's share
   for (uint32_t b = 0; b < req.count; b++) {
     const uint64_t length = req.lengths[b], n = (length + granule - 1) / granule;
-    for (uint32_t h = 0; h < req.kv_heads; h++) {
-      if (n == 0) pieces.push_back({b, h, 0, 0, std::min(w, workers - 1)});
-      for (uint64_t at = 0; at < n;) {
-        const uint64_t take = std::min(n - at, *share - used);
-        pieces.push_back({b, h, uint32_t(at * granule), uint32_t(std::min(length, (at + take) * granule)), w});
-        at += take;
-        used += take;
-        if (used == *share) w++, used = 0;
-      }
+    spans.clear();
+    if (n == 0) spans.push_back({0, 0, std::min(g, groups - 1)});
+    for (uint64_t at = 0; at < n;) {
+      const uint64_t take = std::min(n - at, *share - used);
+      spans.push_back({uint32_t(at * granule), uint32_t(std::min(length, (at + take) * granule)), g});
+      at += take;
+      used += take;
+      if (used == *share) g++, used = 0;
     }
+    for (uint32_t h = 0; h < req.kv_heads; h++)
+      for (const Span &s : spans) pieces.push_back({b, h, s.token_begin, s.token_end, s.group * req.kv_heads + h});
   }
   return pieces;
 }
 
-// A balanced plan over `workers` (chunk j * workers + w: worker w's j-th piece) and its cost in
-// choose_chunk_pages' units: each of a worker's pieces costs the fixed cost, its share's pages
-// run at a lone worker's rate, and a split pair costs its partial results and merge as a split
-// sequence does. False where it would not fit the limits.
-bool balanced_plan(const PlanRequest &req, uint32_t workers, DecodePlan *plan, double *cost) {
+// A balanced plan over the whole groups of KV heads among `full_rate` workers (chunk j * workers + w:
+// worker w's j-th piece) and its cost in choose_chunk_pages' units: each of a worker's pieces costs
+// the fixed cost, its share's pages run at a lone worker's rate, and a split pair costs its partial
+// results and merge as a split sequence does. False where it would not fit the limits.
+bool balanced_plan(const PlanRequest &req, uint32_t full_rate, DecodePlan *plan, double *cost) {
+  const uint32_t groups = uint32_t(chunk_slots(full_rate, req.kv_heads)), workers = groups * std::max<uint32_t>(1, req.kv_heads);
   uint64_t share = 0;
-  const std::vector<Piece> pieces = deal(req, workers, &share);
+  const std::vector<Piece> pieces = deal(req, groups, &share);
   std::vector<uint32_t> round(workers, 0);
   uint32_t rounds = 0;
   for (const Piece &p : pieces) rounds = std::max(rounds, ++round[p.worker]);
@@ -174,7 +184,6 @@ bool balanced_plan(const PlanRequest &req, uint32_t workers, DecodePlan *plan, d
     }
   }
   if (plan->parts > req.limits.parts) return false;
-  const uint32_t full_rate = full_rate_of(req);
   const double lone = double(full_rate) / std::max<uint32_t>(1, req.workers);
   const double fixed = double(pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size));
   const double pairs = std::max(1.0, double(req.count) * req.kv_heads);

@@ -71,31 +71,37 @@ void check_tiles(const Batch &b, const DecodePlan &p) {
   assert_int_equal(p.parts, next_part);
 }
 
-// A balanced plan over `workers`: chunk j * workers + w is worker w's j-th piece, fillers (kNoSeq)
-// only after a worker's pieces; each (sequence, KV head) pair's pieces tile its context in token
-// order at granule boundaries (one empty piece for an empty sequence), a split pair's on consecutive
-// parts (every part used once); no worker's granules exceed an equal share of the batch's.
-void check_balanced(const Batch &b, const DecodePlan &p, uint32_t workers) {
+// A balanced plan over the whole groups of KV heads among `full_rate` workers: chunk j * workers + w
+// is worker w's j-th piece, fillers (kNoSeq) only after a worker's pieces; worker w serves KV head
+// w % kv_heads, its group's workers the same tokens of the same sequence in each round; each
+// (sequence, KV head) pair's pieces tile its context in token order at granule boundaries (one
+// empty piece for an empty sequence), a split pair's on consecutive parts (every part used once); no
+// worker's granules exceed an equal share of the batch's over the groups.
+void check_balanced(const Batch &b, const DecodePlan &p, uint32_t full_rate) {
   const uint32_t count = uint32_t(b.lengths.size());
+  const uint32_t groups = std::max<uint32_t>(1, full_rate / b.kv_heads), workers = groups * b.kv_heads;
   assert_int_equal(p.workers, workers);
   assert_int_equal(p.chunks.size() % workers, 0);
   const uint64_t granule = (b.granule_tokens + b.page_size - 1) / b.page_size * b.page_size;
   uint64_t total = 0;
-  for (uint32_t len : b.lengths) total += (len + granule - 1) / granule * b.kv_heads;
-  const uint64_t share = std::max<uint64_t>(1, (total + workers - 1) / workers);
+  for (uint32_t len : b.lengths) total += (len + granule - 1) / granule;
+  const uint64_t share = std::max<uint64_t>(1, (total + groups - 1) / groups);
   std::vector<std::vector<const DecodeChunk *>> pair(uint64_t(count) * b.kv_heads);
   for (uint32_t w = 0; w < workers; w++) {
     uint64_t granules = 0;
     bool filler = false;
     for (size_t c = w; c < p.chunks.size(); c += workers) {
-      const DecodeChunk &ch = p.chunks[c];
+      const DecodeChunk &ch = p.chunks[c], &lead = p.chunks[c - w % b.kv_heads]; // the group's first worker's
+      assert_int_equal(ch.seq, lead.seq);
+      assert_int_equal(ch.token_begin, lead.token_begin);
+      assert_int_equal(ch.token_end, lead.token_end);
       if (ch.seq == kNoSeq) {
         filler = true;
         continue;
       }
       assert_false(filler);
       assert_true(ch.seq < count);
-      assert_true(ch.head < b.kv_heads);
+      assert_int_equal(ch.head, w % b.kv_heads);
       granules += (ch.token_end - ch.token_begin + granule - 1) / granule;
       pair[uint64_t(ch.seq) * b.kv_heads + ch.head].push_back(&ch);
     }
@@ -281,21 +287,19 @@ void test_random_balanced_plans(void **) {
   }
 }
 
-// Where a uniform plan's items cannot fill the workers (KV heads that do not divide them), a
-// balanced plan gives every full-rate worker an equal share: 8 x 32K tokens of 8 KV heads over 132
-// full-rate workers of 264 (float head_dim 128 on the H200) is 128 uniform items, or 132 equal
-// shares. Short items stay uniform: their latency, not a share of the bandwidth, bounds them.
-void test_balanced_where_uniform_leaves_workers_idle(void **) {
-  Batch b{std::vector<uint32_t>(8, 32768), 16, 8, 264, 132};
-  const DecodePlan p = make_plan(request(b, 0, PlanLimits{}, Balance::cheaper));
-  check_balanced(b, p, 132);
-  const DecodePlan one = make_plan(request(Batch{{131072}, 16, 8, 264, 132}, 0, PlanLimits{}, Balance::cheaper));
-  assert_int_equal(one.workers, 132);
+// A balanced plan's groups are whole: 8 x 32K tokens of 8 KV heads over 132 full-rate workers of
+// 264 (float head_dim 128 on the H200) is 16 groups, 128 workers; of 4 KV heads (head_dim 256),
+// 33 groups, 132 workers. The planner's choice keeps short items uniform: their latency, not a share
+// of the bandwidth, bounds them; and a batch that fills the workers exactly.
+void test_balanced_groups_are_whole(void **) {
+  for (uint32_t kv_heads : {8u, 4u}) {
+    Batch b{std::vector<uint32_t>(8, 32768), 16, kv_heads, 264, 132};
+    check_balanced(b, make_plan(request(b, 0, PlanLimits{}, Balance::always)), 132);
+  }
   Batch small{{1024}, 16, 8, 264, 132};
   check_tiles(small, make_plan(request(small, 0, PlanLimits{}, Balance::cheaper)));
   Batch ragged{{4096, 256, 256, 256, 256, 256, 256, 256}, 16, 8, 264, 132};
   check_tiles(ragged, make_plan(request(ragged, 0, PlanLimits{}, Balance::cheaper)));
-  // A batch that fills the workers exactly stays uniform.
   Batch even{std::vector<uint32_t>(33, 32768), 16, 4, 132, 132};
   check_tiles(even, make_plan(request(even, 0, PlanLimits{}, Balance::cheaper)));
 }
@@ -310,7 +314,7 @@ int main(void) {
       cmocka_unit_test(test_short_items_use_every_worker),
       cmocka_unit_test(test_cache_reuses_same_batch),
       cmocka_unit_test(test_random_balanced_plans),
-      cmocka_unit_test(test_balanced_where_uniform_leaves_workers_idle),
+      cmocka_unit_test(test_balanced_groups_are_whole),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -173,16 +173,14 @@ uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
 
 // Puts the batch's plan on the stand-in device through prepare_decode and checks what arrived.
 // `per_head`: the kernel takes a record per (chunk, KV head).
-// `may_fall_back`: a balanced plan may not fit the limits (make_plan then makes a uniform one).
-void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balance, bool per_head,
-                  bool may_fall_back = false) {
+void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balance, bool per_head) {
   const PoolGeometry &g = s.g;
   const uint32_t count = uint32_t(lengths.size()), rows = 4; // GQA groups of 4, one query token
   Backend &b = *s.backend;
   const DecodePlan plan = make_plan({lengths.data(), count, g.page_size, g.kv_heads, 0, b.workers(g, rows),
                                      b.full_rate_workers(g, rows), b.min_chunk_tokens(), b.chunk_granule_tokens(),
                                      b.plan_limits(g), balance});
-  if ((balance == Balance::never) != (plan.workers == 0) && !(may_fall_back && !plan.workers))
+  if ((balance == Balance::never) != (plan.workers == 0))
     fail_msg("kv_heads %u, head_dim %u, %zu sequences (the first %u tokens): a %s plan where a %s one was asked for",
              g.kv_heads, g.head_dim, lengths.size(), lengths[0], plan.workers ? "balanced" : "uniform",
              balance == Balance::never ? "uniform" : "balanced");
@@ -274,22 +272,16 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
     }
 }
 
-struct Batch {
-  std::vector<uint32_t> lengths;
-  bool may_fall_back;
-};
-
 // Batches with a long sequence beside short ones (balanced plans leave workers fillers there), a
-// uniform one, one of a single sequence, and one with empty and sub-page sequences: its equal
-// shares put a piece of each of the small pairs on one worker, more rounds than the limits hold.
-const std::vector<Batch> &batches() {
-  static const std::vector<Batch> all = {
-      {{kMaxTokens, 8192, 8192, 8192, 8192, 8192, 8192, 8192}, false},
-      {{4096, 256, 256, 256, 256, 256, 256, 256}, false},
-      {std::vector<uint32_t>(8, 32768), false},
-      {{1024}, false},
-      {{32768}, false},
-      {{0, 1, 17, 1000, 5000, 40000}, true},
+// uniform one, one of a single sequence, and one with empty and sub-page sequences.
+const std::vector<std::vector<uint32_t>> &batches() {
+  static const std::vector<std::vector<uint32_t>> all = {
+      {kMaxTokens, 8192, 8192, 8192, 8192, 8192, 8192, 8192},
+      {4096, 256, 256, 256, 256, 256, 256, 256},
+      std::vector<uint32_t>(8, 32768),
+      {1024},
+      {32768},
+      {0, 1, 17, 1000, 5000, 40000},
   };
   return all;
 }
@@ -302,7 +294,7 @@ void run_all(const char *kernel, bool per_head, const std::vector<Balance> &bala
   for (const Shape &shape : {Shape{8, 128, PKV_FORMAT_F16}, Shape{4, 256, PKV_FORMAT_Q4_0}, Shape{1, 64, PKV_FORMAT_Q8_0}}) {
     Setup s = make_setup(kernel, shape.kv_heads, shape.head_dim, shape.format);
     for (Balance balance : balances)
-      for (const Batch &batch : batches()) check_upload(s, batch.lengths, balance, per_head, batch.may_fall_back);
+      for (const std::vector<uint32_t> &lengths : batches()) check_upload(s, lengths, balance, per_head);
   }
 }
 
@@ -315,7 +307,7 @@ void older_kernels_uniform(void **) { run_all("fast", false, {Balance::never}); 
 void alternating_plans(void **) {
   Setup s = make_setup(nullptr, 8, 128, PKV_FORMAT_F16);
   for (int round = 0; round < 2; round++)
-    for (Balance balance : {Balance::always, Balance::never}) check_upload(s, batches()[0].lengths, balance, true);
+    for (Balance balance : {Balance::always, Balance::never}) check_upload(s, batches()[0], balance, true);
 }
 
 } // namespace
