@@ -19,6 +19,9 @@
 #include "error.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "plan.hpp"
+extern "C" {
+#include "testutil.h"
+}
 
 #include <cstdarg>
 #include <cstddef>
@@ -142,8 +145,7 @@ struct Setup {
 // A backend on a fresh stand-in device, with the decode kernel family PKV_DECODE_KERNEL names, and
 // a pool geometry of one page whose plan buffer is the backend's size for it.
 Setup make_setup(const char *kernel, uint32_t kv_heads, uint32_t head_dim, pkv_format format) {
-  if (kernel) setenv("PKV_DECODE_KERNEL", kernel, 1);
-  else unsetenv("PKV_DECODE_KERNEL");
+  tu_set_env("PKV_DECODE_KERNEL", kernel);
   auto device = std::make_unique<FakeDevice>();
   Setup s;
   s.device = device.get();

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200112L /* setenv, unsetenv */
 #include "testutil.h"
 
 #include <math.h>
@@ -198,4 +199,13 @@ float tu_load(pkv_format format, const void *buf, size_t i) {
   }
   default: abort();
   }
+}
+
+void tu_set_env(const char *name, const char *value) {
+#ifdef _WIN32
+  _putenv_s(name, value ? value : "");
+#else
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+#endif
 }

@@ -51,4 +51,7 @@ void tu_store(pkv_format format, void *buf, size_t i, float x);
 float tu_load(pkv_format format, const void *buf, size_t i);
 size_t tu_elem_bytes(pkv_format format);
 
+/* Sets (value) or removes (NULL) an environment variable of this process. */
+void tu_set_env(const char *name, const char *value);
+
 #endif
