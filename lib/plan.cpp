@@ -18,6 +18,9 @@ uint32_t full_rate_of(const PlanRequest &req) {
   return std::min(std::max<uint32_t>(1, req.workers), std::max<uint32_t>(1, req.full_rate_workers));
 }
 
+// The pages of a granule (a work item's unit of tokens): at least one.
+uint64_t granule_pages(const PlanRequest &req) { return pages_of(std::max<uint32_t>(1, req.granule_tokens), req.page_size); }
+
 // Chunks that run at once: every chunk is an item for each KV head.
 uint64_t chunk_slots(uint64_t workers, uint32_t kv_heads) {
   return std::max<uint64_t>(1, workers / std::max<uint32_t>(1, kv_heads));
@@ -81,7 +84,7 @@ Choice choose_chunk_pages(const PlanRequest &req) {
   const double lone = double(full_rate) / workers; // a lone worker's time for a page
   double pages = 0;
   for (uint64_t p : sorted) pages += double(p) * kv_heads;
-  const uint64_t granule = pages_of(std::max<uint32_t>(1, req.granule_tokens), req.page_size);
+  const uint64_t granule = granule_pages(req);
   auto whole = [&](uint64_t chunk) { return (chunk + granule - 1) / granule * granule; };
   uint64_t best = whole(std::max(fixed, longest));
   double best_cost = INFINITY;
@@ -111,11 +114,6 @@ Choice choose_chunk_pages(const PlanRequest &req) {
   return {best, best_cost};
 }
 
-// The tokens of a granule: whole pages.
-uint64_t granule_of(const PlanRequest &req) {
-  return pages_of(std::max<uint32_t>(1, req.granule_tokens), req.page_size) * req.page_size;
-}
-
 struct Piece {
   uint32_t seq, head, token_begin, token_end, worker;
 };
@@ -131,7 +129,7 @@ std::vector<Piece> deal(const PlanRequest &req, uint32_t groups, uint64_t *share
   struct Span {
     uint32_t token_begin, token_end, group;
   };
-  const uint64_t granule = granule_of(req);
+  const uint64_t granule = granule_pages(req) * req.page_size; // tokens
   uint64_t total = 0;
   for (uint32_t b = 0; b < req.count; b++) total += (uint64_t(req.lengths[b]) + granule - 1) / granule;
   *share = std::max<uint64_t>(1, (total + groups - 1) / groups);
@@ -187,7 +185,7 @@ bool balanced_plan(const PlanRequest &req, uint32_t full_rate, DecodePlan *plan,
   const double lone = double(full_rate) / std::max<uint32_t>(1, req.workers);
   const double fixed = double(pages_of(std::max<uint32_t>(1, req.min_chunk_tokens), req.page_size));
   const double pairs = std::max(1.0, double(req.count) * req.kv_heads);
-  *cost = rounds * fixed + double(share * (granule_of(req) / req.page_size)) * lone + 2.0 * fixed * double(split_pairs) / pairs;
+  *cost = rounds * fixed + double(share * granule_pages(req)) * lone + 2.0 * fixed * double(split_pairs) / pairs;
   return true;
 }
 
