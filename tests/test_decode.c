@@ -468,7 +468,8 @@ static const uint32_t chunks[] = {UINT32_MAX, 0, 1, 2, 3}; /* the first is the r
 
 /* Speculative verification: 2, 4 or 8 query tokens per sequence (by row), each seeing the context up
  * to itself, split and unsplit. Where K and V are quantized, 9-32 query rows a KV head take the
- * tensor-core kernel's narrow tile of 2 or 4 n-tiles (more rows: several of them). */
+ * tensor-core kernel's narrow tile of 2 or 4 n-tiles, or at head_dim 128 on sm_90 the group tile for
+ * 17-32 (more rows: several of them; the last three rows: 16, 32 and 32 rows). */
 static const shape spec[] = {
     {F16, F16, 128, 2, 4, 16, F16, F32, F32, 0.0f},
     {BF16, BF16, 256, 1, 6, 4, BF16, BF16, F32, 0.0f},
@@ -476,6 +477,9 @@ static const shape spec[] = {
     {F32, Q8_0, 128, 1, 1, 64, F32, F32, F32, 0.0f},
     {Q4_0, Q4_0, 128, 2, 4, 16, F16, F16, F32, 0.0f},
     {Q8_0, Q8_0, 128, 1, 6, 64, BF16, F32, BF16, 0.1f},
+    {Q4_0, Q8_0, 128, 1, 8, 16, F16, BF16, F32, 0.0f},
+    {Q8_0, Q4_0, 128, 2, 8, 16, F32, F16, F16, 0.0f},
+    {Q4_0, Q4_0, 128, 1, 4, 16, F16, F32, F32, 0.0f},
 };
 static const uint32_t spec_tokens[] = {2, 4, 8};
 

@@ -147,11 +147,12 @@ static constexpr uint32_t pkv_mma_q_bytes(uint32_t head_dim, uint32_t rows, int 
   return head_dim * rows * 4;
 }
 
-/* Bytes of one row tile's area where the tensor-core kernel's warps combine their results: each
- * warp's outputs (rows of head_dim + 8 floats: the padding spreads a column's rows over the banks),
+/* Bytes of one row tile's area where the tensor-core kernel's warps combine their results: the
+ * outputs of `outputs` warps (each warp's, or one for the group tile, whose warps hold one output;
+ * rows of head_dim + 8 floats: the padding spreads a column's rows over the banks), every warp's
  * maxima and sums. */
-static constexpr uint32_t pkv_mma_combine_bytes(uint32_t head_dim, uint32_t rows) {
-  return (PKV_MMA_WARPS * rows * (head_dim + 8) + 2 * PKV_MMA_WARPS * rows) * 4;
+static constexpr uint32_t pkv_mma_combine_bytes(uint32_t head_dim, uint32_t rows, uint32_t outputs) {
+  return (outputs * rows * (head_dim + 8) + 2 * PKV_MMA_WARPS * rows) * 4;
 }
 
 /* Shared-memory stages per block of the tensor-core kernel: two for head_dim 256 (a stage is large),

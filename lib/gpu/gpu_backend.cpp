@@ -109,6 +109,7 @@ class GpuBackend final : public Backend {
     narrow_ = !(kernel && std::strcmp(kernel, "mma16") == 0);
     narrow_ntiles_ = narrow_ && !(kernel && std::strcmp(kernel, "mma8") == 0);
     four_block_kernels_ = !(kernel && std::strcmp(kernel, "mma3") == 0);
+    group_tiles_ = !(kernel && std::strcmp(kernel, "mma8x4") == 0);
     balance_ = balance_from_environment(std::getenv("PKV_PLAN"));
     try {
       Current current(*this);
@@ -129,6 +130,10 @@ class GpuBackend final : public Backend {
       load_module(images.decode, &decode_module_);
       load_module(images.fast, &fast_module_);
       if (images.mma) load_module(images.mma, &mma_module_);
+      // Only an sm_90a image has the group tile's kernels (all or none).
+      Function group = nullptr;
+      group_tiles_ = group_tiles_ && mma_module_ &&
+                     dev_->function(&group, mma_module_, "pkv_decode_mmag_128_5_5_3").result == kSuccess;
       apply_table_ = function(pages_module_, "pkv_apply_table");
       scatter_ = function(pages_module_, "pkv_scatter");
       gather_ = function(pages_module_, "pkv_gather");
@@ -457,7 +462,8 @@ class GpuBackend final : public Backend {
     if (kernel && std::strcmp(kernel, "fast") == 0) return DecodeKind::fast;
     if (kernel && std::strcmp(kernel, "generic") == 0) return DecodeKind::generic;
     const bool mma_named = kernel && (std::strcmp(kernel, "mma") == 0 || std::strcmp(kernel, "mma16") == 0 ||
-                                      std::strcmp(kernel, "mma8") == 0 || std::strcmp(kernel, "mma3") == 0);
+                                      std::strcmp(kernel, "mma8") == 0 || std::strcmp(kernel, "mma3") == 0 ||
+                                      std::strcmp(kernel, "mma8x4") == 0);
     if (mma_named && !mma)
       fail(PKV_ERR_UNSUPPORTED, "PKV_DECODE_KERNEL=%s: the tensor-core decode kernels are CUDA-only; the %s backend "
            "has fast and generic", kernel, dev_->name());
@@ -475,8 +481,9 @@ class GpuBackend final : public Backend {
     fail(PKV_ERR_INVALID_ARGUMENT, "PKV_PLAN=%s: expected uniform, balanced or cheaper (or unset)", plan);
   }
 
-  // The tensor-core kernel's tiles of query rows (MmaShape): wide, or narrow of 1, 2 or 4 n-tiles.
-  enum MmaTile : unsigned { kWide, kNarrow1, kNarrow2, kNarrow4, kMmaTiles };
+  // The tensor-core kernel's tiles of query rows (MmaShape): wide, narrow of 1, 2 or 4 n-tiles, or
+  // the group tile (the warpgroup MMA of sm_90a) of 4.
+  enum MmaTile : unsigned { kWide, kNarrow1, kNarrow2, kNarrow4, kGroup4, kMmaTiles };
 
   // The decode kernel for this pool and batch, and its launch shape: the chosen family where it has
   // a kernel for the pool's head_dim and formats (F16/BF16/Q8_0/Q4_0 pages, head_dim 64/128/256),
@@ -512,7 +519,7 @@ class GpuBackend final : public Backend {
     // memory: pkv_mma_stages, else pkv_mma_fewer_stages; none when neither fits.
     const MmaShape largest{tile, narrow ? 1u : 2u};
     static const char *const prefix[kMmaTiles] = {"pkv_decode_mma16_", "pkv_decode_mma8_", "pkv_decode_mma8x2_",
-                                                  "pkv_decode_mma8x4_"};
+                                                  "pkv_decode_mma8x4_", "pkv_decode_mmag_"};
     for (uint32_t stages : {pkv_mma_stages(g.head_dim), pkv_mma_fewer_stages(g.head_dim, float_pages(g))}) {
       if (!stages) break;
       const std::string name = prefix[tile] + formats + "_" + std::to_string(stages);
@@ -609,12 +616,15 @@ class GpuBackend final : public Backend {
     MmaTile tile;
     unsigned mtiles; // wide row tiles a block; 1 for narrow tiles
     bool narrow() const { return tile != kWide; }
-    unsigned rows() const { return narrow() ? PKV_MMA_NARROW_ROWS << (tile - kNarrow1) : PKV_MMA_ROWS * mtiles; }
+    unsigned rows() const {
+      return tile == kGroup4 ? 4 * PKV_MMA_NARROW_ROWS : narrow() ? PKV_MMA_NARROW_ROWS << (tile - kNarrow1) : PKV_MMA_ROWS * mtiles;
+    }
   };
   MmaShape mma_shape(const PoolGeometry &g, uint32_t rows) {
     if (narrow_ && rows <= PKV_MMA_NARROW_ROWS) return {kNarrow1, 1};
     if (narrow_ntiles_ && is_quantized(g.k.format) && is_quantized(g.v.format) && g.head_dim <= 128) {
       const MmaTile tile = rows <= 2 * PKV_MMA_NARROW_ROWS ? kNarrow2 : kNarrow4;
+      if (tile == kNarrow4 && group_tiles_ && g.head_dim == 128 && mma_stages(g, kGroup4)) return {kGroup4, 1};
       if (mma_stages(g, tile)) return {tile, 1};
     }
     return {kWide, rows <= PKV_MMA_ROWS ? 1u : 2u};
@@ -649,7 +659,8 @@ class GpuBackend final : public Backend {
   static unsigned mma_shared_bytes(const PoolGeometry &g, MmaShape shape, unsigned stages) {
     const unsigned D = g.head_dim, rows = shape.rows() / shape.mtiles, mtiles = shape.mtiles;
     const unsigned q = pkv_mma_q_bytes(D, rows, is_quantized(g.k.format), shape.tile > kNarrow1);
-    return std::max(stages * mma_stage_bytes(g) + mtiles * q, mtiles * pkv_mma_combine_bytes(D, rows));
+    const unsigned outputs = shape.tile == kGroup4 ? 1 : PKV_MMA_WARPS;
+    return std::max(stages * mma_stage_bytes(g) + mtiles * q, mtiles * pkv_mma_combine_bytes(D, rows, outputs));
   }
 
   // Sends the batch's queued table changes and, unless the pool's plan buffer holds it already, the
@@ -796,6 +807,7 @@ class GpuBackend final : public Backend {
   DecodeKind kind_ = DecodeKind::mma;
   bool narrow_ = true; // the tensor-core kernel's narrow tile serves where it can
   bool narrow_ntiles_ = true; // and its kinds of several n-tiles
+  bool group_tiles_ = true;   // and the group tile where the image has it
   bool four_block_kernels_ = true; // the four-block variants serve where they exist and hold four blocks
   Balance balance_ = Balance::never; // what plan_balance offers the planner (PKV_PLAN)
   // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
