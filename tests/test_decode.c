@@ -468,8 +468,8 @@ static const uint32_t chunks[] = {UINT32_MAX, 0, 1, 2, 3}; /* the first is the r
 
 /* Speculative verification: 2, 4 or 8 query tokens per sequence (by row), each seeing the context up
  * to itself, split and unsplit. Where K and V are quantized, 9-32 query rows a KV head take the
- * tensor-core kernel's narrow tile of 2 or 4 n-tiles, or at head_dim 128 on sm_90 the group tile for
- * 17-32 (more rows: several of them; the last three rows: 16, 32 and 32 rows). */
+ * tensor-core kernel's narrow tile of 2 or 4 n-tiles (more rows: several of them), or for 17-32 rows
+ * of Q4_0 K and V at head_dim 128 on sm_90 the group tile; the last three rows have 16, 32 and 32. */
 static const shape spec[] = {
     {F16, F16, 128, 2, 4, 16, F16, F32, F32, 0.0f},
     {BF16, BF16, 256, 1, 6, 4, BF16, BF16, F32, 0.0f},

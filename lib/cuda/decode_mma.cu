@@ -8,7 +8,8 @@
 //    a round waits for its own warps only.
 //    A block serves one narrow tile of 8 query rows (speculative tokens times the GQA group) or 1 or
 //    2 wide tiles of 16, with 4 warps each, a warp taking 16 tokens of every stage (Narrow and Wide
-//    below). Rows past the chunk are zero-filled, so every MMA input is finite.
+//    below), or on sm_90a 32 rows as one warpgroup (Group). Rows past the chunk are zero-filled, so
+//    every MMA input is finite.
 //  - Scores S = Q K^T and the output O = P V run on the tensor cores with fp32 accumulation. Float
 //    operands keep ~16-22 bits by splitting: q (and P) are sums of two f16 (F16 pages) or bf16 parts,
 //    each multiplied against the exact page values; q in the pages' own format enters whole.
@@ -852,15 +853,15 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void *smem, uint32_t lead, 
   return uint64_t((smem_addr(smem) & 0x3ffffu) >> 4) | uint64_t(lead >> 4) << 16 | uint64_t(stride >> 4) << 32;
 }
 // d[J0 .. J0 + 3] (the warpgroup's 64 x 32 f32 accumulators; d[J0 + j][e]: the mma.sync C layout of
-// n-tile j) += a (64 x 16 f16) b (16 x 32 f16).
-template <int J0, int N>
+// n-tile j) = a (64 x 16 f16) b (16 x 32 f16), plus d where ACC.
+template <int J0, bool ACC, int N>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[N][4], const uint32_t (&a)[4], uint64_t b) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, %21, 1, 1, 0;\n"
                : "+f"(d[J0][0]), "+f"(d[J0][1]), "+f"(d[J0][2]), "+f"(d[J0][3]), "+f"(d[J0 + 1][0]), "+f"(d[J0 + 1][1]),
                  "+f"(d[J0 + 1][2]), "+f"(d[J0 + 1][3]), "+f"(d[J0 + 2][0]), "+f"(d[J0 + 2][1]), "+f"(d[J0 + 2][2]),
                  "+f"(d[J0 + 2][3]), "+f"(d[J0 + 3][0]), "+f"(d[J0 + 3][1]), "+f"(d[J0 + 3][2]), "+f"(d[J0 + 3][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(ACC))
                : "memory");
 }
 
@@ -899,7 +900,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Group : TileBase<D, KF, VF> {
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_part, const uint32_t *q_frag, uint8_t *scratch,
                         uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[TROWS], int lane, int warp) {
     const int gid = lane / 4, tig = lane % 4;
-    float acc[NT][4] = {};
+    float acc[NT][4]; // the first k-step's MMA overwrites it
     {
       const typename K::Scales ks0 = K::scales_of(K::row(k_rows, gid, 0)), ks1 = K::scales_of(K::row(k_rows, gid, 1));
       uint32_t a[2 * GROUPS][4]; // k-step 2 g + st
@@ -916,10 +917,14 @@ template <int D, uint32_t KF, uint32_t VF> struct Group : TileBase<D, KF, VF> {
           a[2 * g + st][3] = hmul2(pair_f16<KF, D>(w[1], st + 2), sc1);
         }
       }
+      // All fragments first, one fence: issuing each group's MMAs as it is converted measured 2.5% slower.
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 2 * GROUPS; ks++)
-        wgmma_m64n32k16<0>(acc, a[ks], wgmma_desc(reinterpret_cast<const uint8_t *>(q_frag) + ks * KSTEP_BYTES, 128, 256));
+      for (int ks = 0; ks < 2 * GROUPS; ks++) {
+        const uint64_t b = wgmma_desc(reinterpret_cast<const uint8_t *>(q_frag) + ks * KSTEP_BYTES, 128, 256);
+        if (ks == 0) wgmma_m64n32k16<0, false>(acc, a[0], b);
+        else wgmma_m64n32k16<0, true>(acc, a[ks], b);
+      }
       wgmma_commit();
       wgmma_wait();
     }
@@ -1004,9 +1009,11 @@ template <int D, uint32_t KF, uint32_t VF> struct Group : TileBase<D, KF, VF> {
 #pragma unroll
     for (int kt = 0; kt < TILE / 16; kt++) {
       const uint64_t b = wgmma_desc(scratch + kt * KSTEP_BYTES, 128, 256);
-      wgmma_m64n32k16<0>(o, a[kt][0], b);
-      wgmma_m64n32k16<NT>(o, a[kt][1], b);
+      wgmma_m64n32k16<0, true>(o, a[kt][0], b);
+      wgmma_m64n32k16<NT, true>(o, a[kt][1], b);
     }
+    // Waited for here: ptxas serialises the MMAs (C7513) where the next stage's conversions write
+    // registers while these run, and that measured 3-10% slower.
     wgmma_commit();
     wgmma_wait();
   }
@@ -1273,15 +1280,19 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     int slot = 0, last = M::NS - 1;
     auto round = [&](int tile, auto plain_round) {
       constexpr bool plain = decltype(plain_round)::value;
-      issue(tile + M::NS - 1, last, plain);
+      if constexpr (!T::GROUPED) issue(tile + M::NS - 1, last, plain);
       // Tile + NS's pages, read while this tile computes; located into the slot this tile frees.
       const uint32_t next_page = my_token >= 0 ? page_of(tile + M::NS, plain) : 0;
-      cp_async_wait<M::NS - 1>();
+      if constexpr (T::GROUPED) cp_async_wait<M::NS - 2>();
+      else cp_async_wait<M::NS - 1>();
       if constexpr (KB || VB) {
         mbar_wait(&stage_bar[slot], (bar_parity >> slot) & 1);
         bar_parity ^= 1u << slot;
       }
       sync_rows();
+      // Group: the barrier above also frees the stage the round before computed, so a round has one
+      // (a second at its end measured 2-3% slower where a format is Q8_0, even with Q4_0 pages).
+      if constexpr (T::GROUPED) issue(tile + M::NS - 1, last, plain);
       const uint8_t *stage = smem + slot * M::stage_bytes;
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
       // A plain round's tokens are all visible to every row: none is within NS tiles of the chunk's end
@@ -1296,7 +1307,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
                                    qp, t_warp, c.token_end, visible, lane);
       if (my_token >= 0) stage_rows[slot][my_token] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
-      sync_rows(); // the stage is refilled next
+      if constexpr (!T::GROUPED) sync_rows(); // the stage is refilled next
       last = slot, slot = slot + 1 == M::NS ? 0 : slot + 1;
     };
     int tile = 0;
@@ -1535,9 +1546,10 @@ PKV_MMA_KERNEL(pkv_decode_mma8_128_5_5_3_4blocks, 128, Narrow1, 128, 5, 5, 3)
 #define PKV_MMA_NARROW_Q(D) PKV_MMA_NARROW_NT(D, 4, 4) PKV_MMA_NARROW_NT(D, 4, 5) PKV_MMA_NARROW_NT(D, 5, 4) PKV_MMA_NARROW_NT(D, 5, 5)
 PKV_MMA_NARROW_Q(64)
 PKV_MMA_NARROW_Q(128)
-// The group tile (sm_90a: the warpgroup MMA) for 32 query rows, K and V quantized, head_dim 128:
-// pkv_decode_mmag_128_<k format>_<v format>_3. Other images lack them; the host then takes Narrow<4>.
+// The group tile (sm_90a: the warpgroup MMA) for 32 query rows of Q4_0 K and V at head_dim 128,
+// at 168 registers (three blocks a multiprocessor; at 128, four blocks, it spills and measured 8%
+// slower): pkv_decode_mmag_128_5_5_3. Where Q8_0 is one of the formats it measured 0-2% slower than
+// Narrow<4>, which keeps those. Other images lack it; the host then takes Narrow<4>.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define PKV_MMA_GROUP(KF, VF) PKV_MMA_KERNEL(pkv_decode_mmag_128_##KF##_##VF##_3, 168, Group, 128, KF, VF, 3)
-PKV_MMA_GROUP(4, 4) PKV_MMA_GROUP(4, 5) PKV_MMA_GROUP(5, 4) PKV_MMA_GROUP(5, 5)
+PKV_MMA_KERNEL(pkv_decode_mmag_128_5_5_3, 168, Group, 128, 5, 5, 3)
 #endif
