@@ -1040,7 +1040,8 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   static constexpr int CO_STRIDE = D + 8; // floats per row of the warps' combine area
   // The warps' combine area reuses the stages and the q fragments once a chunk is done.
   static constexpr uint32_t combine_tile_bytes = (T::COMBINE_WARPS * ROWS * CO_STRIDE + 2 * WARPS * ROWS) * 4;
-  static_assert(combine_tile_bytes == pkv_mma_combine_bytes(D, ROWS, T::COMBINE_WARPS), "the host sizes shared memory alike");
+  static_assert(combine_tile_bytes == pkv_mma_combine_bytes(D, ROWS, T::COMBINE_WARPS),
+                "the host sizes shared memory alike");
   static constexpr uint32_t combine_bytes = 2 * combine_tile_bytes; // 2 row tiles
   static constexpr uint32_t loop_bytes = NS * stage_bytes + 2 * q_bytes;
   // The most the host reserves (two row tiles; mma_shared_bytes in gpu_backend.cpp).
@@ -1300,11 +1301,11 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // go nowhere.
       const uint32_t t_warp = c.token_begin + tile * TILE + T::Tok::warp_first(slice);
       if constexpr (T::GROUPED)
-        acc.template stage<!plain>(K::warp_rows(stage, slice), stage + K::bytes, q_frag, group_scratch, t_warp, c.token_end,
-                                   visible, lane, warp);
+        acc.template stage<!plain>(K::warp_rows(stage, slice), stage + K::bytes, q_frag, group_scratch, t_warp,
+                                   c.token_end, visible, lane, warp);
       else
-        acc.template stage<!plain>(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag, q_scale_sm,
-                                   qp, t_warp, c.token_end, visible, lane);
+        acc.template stage<!plain>(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag,
+                                   q_scale_sm, qp, t_warp, c.token_end, visible, lane);
       if (my_token >= 0) stage_rows[slot][my_token] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
       if constexpr (!T::GROUPED) sync_rows(); // the stage is refilled next
@@ -1326,7 +1327,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     for (int n = 0; n < NACC; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
-        co[((T::GROUPED ? 0 : warp) * ROWS + T::acc_row(lane, n, e)) * M::CO_STRIDE + T::acc_col(lane, warp, n, e)] = acc.o[n][e];
+        co[((T::GROUPED ? 0 : warp) * ROWS + T::acc_row(lane, n, e)) * M::CO_STRIDE + T::acc_col(lane, warp, n, e)] =
+            acc.o[n][e];
     if ((lane & T::ROW_LANES) == 0) { // one lane of those sharing each row
 #pragma unroll
       for (int i = 0; i < T::TROWS; i++) {
@@ -1547,9 +1549,10 @@ PKV_MMA_KERNEL(pkv_decode_mma8_128_5_5_3_4blocks, 128, Narrow1, 128, 5, 5, 3)
 PKV_MMA_NARROW_Q(64)
 PKV_MMA_NARROW_Q(128)
 // The group tile (sm_90a: the warpgroup MMA) for 32 query rows of Q4_0 K and V at head_dim 128,
-// at 168 registers (three blocks a multiprocessor; at 128, four blocks, it spills and measured 8%
-// slower): pkv_decode_mmag_128_5_5_3. Where Q8_0 is one of the formats it measured 0-2% slower than
-// Narrow<4>, which keeps those. Other images lack it; the host then takes Narrow<4>.
+// at 168 registers (three blocks a multiprocessor; at 128, four blocks, it spills and measured
+// 1-13% slower): pkv_decode_mmag_128_5_5_3. Where Q8_0 is one of the formats it was no faster
+// (-0.4% to +2%) than Narrow<4>, which keeps those. Other images lack it; the host then takes
+// Narrow<4>.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 PKV_MMA_KERNEL(pkv_decode_mmag_128_5_5_3, 168, Group, 128, 5, 5, 3)
 #endif

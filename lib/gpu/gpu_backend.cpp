@@ -617,7 +617,8 @@ class GpuBackend final : public Backend {
     unsigned mtiles; // wide row tiles a block; 1 for narrow tiles
     bool narrow() const { return tile != kWide; }
     unsigned rows() const {
-      return tile == kGroup4 ? 4 * PKV_MMA_NARROW_ROWS : narrow() ? PKV_MMA_NARROW_ROWS << (tile - kNarrow1) : PKV_MMA_ROWS * mtiles;
+      if (tile == kGroup4) return 4 * PKV_MMA_NARROW_ROWS;
+      return narrow() ? PKV_MMA_NARROW_ROWS << (tile - kNarrow1) : PKV_MMA_ROWS * mtiles;
     }
   };
   MmaShape mma_shape(const PoolGeometry &g, uint32_t rows) {
@@ -631,8 +632,8 @@ class GpuBackend final : public Backend {
   }
 
   // The group tile serves Q4_0 K and V at head_dim 128 where the image has it (sm_90a): speculative
-  // verify of 8 tokens at 8x32K 5% faster than Narrow<4>; with Q8_0 pages it was 0-2% slower
-  // (docs/perf/2026-12-04-h200-cuda-session20.md).
+  // verify of 8 tokens at 8x32K 5% faster than Narrow<4>; with Q8_0 pages it was no faster (-0.4%
+  // to +2%; docs/perf/2026-12-04-h200-cuda-session20.md).
   bool group_tile(const PoolGeometry &g) {
     return group_tiles_ && g.head_dim == 128 && g.k.format == PKV_FORMAT_Q4_0 && g.v.format == PKV_FORMAT_Q4_0 &&
            mma_stages(g, kGroup4);
