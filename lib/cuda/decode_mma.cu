@@ -1292,7 +1292,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       }
       sync_rows();
       // Group: the barrier above also frees the stage the round before computed, so a round has one
-      // (a second at its end measured 2-3% slower where a format is Q8_0, even with Q4_0 pages).
+      // besides the stage's vote (a second at its end measured 2-3% slower where a format is Q8_0,
+      // even with Q4_0 pages).
       if constexpr (T::GROUPED) issue(tile + M::NS - 1, last, plain);
       const uint8_t *stage = smem + slot * M::stage_bytes;
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
