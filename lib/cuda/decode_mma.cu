@@ -1057,7 +1057,6 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
   __shared__ int s_last;
-  __shared__ float merge_rows[2][2 * PKV_MMA_ROWS]; // the merge's per row: rescale (then sum), top
   __shared__ StageRow stage_rows[M::NS][TILE];
   // Bulk copies: a stage's mbarrier; each copying thread arrives once per use.
   constexpr bool KB = kBulkCopies && !K::quantized, VB = kBulkCopies && !V::quantized;
@@ -1401,109 +1400,90 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       }
       __syncthreads();
       if (s_last) {
-        // A batch of chunks at a time (all of them, unless shared memory is short): their lse values
-        // are loaded together, each row's weights computed once against the largest lse so far (what
-        // was folded before is rescaled to it) and kept in shared memory; then a thread folds four
-        // consecutive values of each of its rows over the batch, in chunk order (the same bits every
-        // run), U chunks' loads of all its values in flight at once, the first U's alongside the lse
-        // loads. One block merges, so its instructions and round trips are the merge's cost (a
-        // weight for every value and 16 chunks of one value at a time had cost head_dim 256 1x32K
-        // 8% of its time, docs/perf/2026-12-02-h200-cuda-merge.md).
-        const float *part_out = reinterpret_cast<const float *>(p.part_out);
-        const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
-        constexpr uint32_t V4 = D / 4, EPT = M::ROWS * V4 / THREADS; // float4s a row, most a thread folds
-        const uint32_t values = my_rows * V4;
-        // Chunk k's partial row r: lse at part_lse[(first_part + k) * stride + in_seq(r)], values at
-        // part_out[that * D].
-        const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads;
-        auto in_seq = [&](uint32_t r) { return q_head(r) - uint64_t(c.seq) * stride; };
+        // The lse of the block's rows in every chunk go to shared memory, loaded alongside the first
+        // U chunks' values; one barrier; then each thread merges one row's chunks for a few of its
+        // float4s (strided, so a row's threads read whole lines), computing that row's weights
+        // itself, in chunk order (the same bits every run). One block merges, so its round trips
+        // and barriers are the merge's cost: weights computed once a row by groups of threads and
+        // shared through shared memory had put two more barriers and two chains of shuffles on it
+        // (H200: head_dim 256 1x1K 9-12% faster, head_dim 128 1x1K 2%; docs/perf/2026-12-04-h200-cuda-session21.md).
+        constexpr uint32_t V4 = D / 4, EPT = M::ROWS * V4 / THREADS; // float4s a row, most a thread takes
+        const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads;  // a part's rows
+        const uint64_t first_row = uint64_t(first_part) * stride - uint64_t(c.seq) * stride;
+        const uint32_t per_row = uint32_t(threads) / my_rows, r = min(tid / per_row, my_rows - 1), j0 = tid % per_row;
+        const bool mine = tid / per_row < my_rows;
+        const uint64_t head = q_head(r);
+        const float4 *values_of = reinterpret_cast<const float4 *>(p.part_out) + (first_row + head) * V4 + j0;
+        float *lse_sm = reinterpret_cast<float *>(smem); // [chunk][my_rows]
         const uint32_t batch = max(M::NS * M::stage_bytes, MT * M::combine_tile_bytes) / (my_rows * 4);
-        float *bw = reinterpret_cast<float *>(smem); // [batch][my_rows]: lse, then weights
-        // A row's weights: G threads (a power of two, at most a warp, as many as the block has for
-        // each row) take its chunks in turn and combine by shuffles, so a batch costs n / G steps.
-        const uint32_t G = min(32u, 1u << (31 - __clz(uint32_t(threads) / my_rows)));
-        const uint32_t wk = tid % G, wr = min(tid / G, my_rows - 1);
-        const bool w_mine = tid / G < my_rows;
-        auto group_reduce = [&](float x, auto op) {
-          for (uint32_t o = G / 2; o > 0; o /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
-          return x;
-        };
-        // E float4s a thread, U chunks' loads of each at once: one where the rows' values fit the
-        // threads (a small group: more chunks in flight), else the most a thread may hold.
+        // E float4s a thread, U chunks' loads at once.
         auto merge = [&](auto ept) {
           constexpr uint32_t E = decltype(ept)::value, U = (D == 256 ? 32 : 16) / E;
-          float acc[E][4] = {};
-          float top = -INFINITY, sum = 0.0f; // of row wr, in each of its G threads
+          float acc[E][4] = {}, top = -INFINITY, sum = 0.0f;
+          float4 v[U][E];
+          auto load = [&](uint32_t k1, uint32_t end) {
+#pragma unroll
+            for (uint32_t u = 0; u < U; u++)
+#pragma unroll
+              for (uint32_t j = 0; j < E; j++)
+                v[u][j] = mine && k1 + u < end && j0 + j * per_row < V4
+                              ? __ldcg(values_of + (k1 + u) * stride * V4 + j * per_row)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          };
           for (uint32_t k0 = 0; k0 < chunks_of_seq; k0 += batch) {
-            const uint32_t n = min(batch, chunks_of_seq - k0);
-            const float4 *src[E];
-            uint32_t row[E];
-            bool mine[E];
-#pragma unroll
-            for (uint32_t j = 0; j < E; j++) {
-              const uint32_t e = min(tid + j * threads, values - 1), r = e / V4;
-              row[j] = r, mine[j] = tid + j * threads < values;
-              src[j] = reinterpret_cast<const float4 *>(part_out + ((first_part + k0) * stride + in_seq(r)) * D) + e % V4;
-            }
-            float4 v[E][U];
-            auto load = [&](uint32_t k1) {
-#pragma unroll
-              for (uint32_t u = 0; u < U; u++)
-#pragma unroll
-                for (uint32_t j = 0; j < E; j++)
-                  v[j][u] = mine[j] && k1 + u < n ? __ldcg(src[j] + (k1 + u) * stride * V4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            };
-            load(0); // in flight with the lse loads: the weights wait on one round trip with the values
-            for (uint32_t i = tid; i < n * my_rows; i += threads)
-              bw[i] = __ldcg(part_lse + (first_part + k0 + i / my_rows) * stride + in_seq(i % my_rows));
+            const uint32_t end = min(chunks_of_seq, k0 + batch);
+            load(k0, end);
+            for (uint32_t i = tid; i < (end - k0) * my_rows; i += threads)
+              lse_sm[i] = __ldcg(reinterpret_cast<const float *>(p.part_lse) + first_row + (k0 + i / my_rows) * stride +
+                                 q_head(i % my_rows));
             __syncthreads();
-            float next = top, part = 0.0f;
-            for (uint32_t k = wk; k < n; k += G) next = fmaxf(next, bw[k * my_rows + wr]);
-            next = group_reduce(next, [](float a, float b) { return fmaxf(a, b); });
-            for (uint32_t k = wk; k < n && w_mine; k += G) { // an empty chunk (lse -inf) weighs 0
-              const float l = bw[k * my_rows + wr], weight = l == -INFINITY ? 0.0f : expf(l - next);
-              bw[k * my_rows + wr] = weight;
-              part += weight;
+            // The batch's largest lse (four chains: short dependencies); an empty chunk's (-inf) weighs 0.
+            const float *lse_row = lse_sm + r;
+            float t0 = top, t1 = -INFINITY, t2 = -INFINITY, t3 = -INFINITY;
+            uint32_t k = 0;
+            for (; k + 4 <= end - k0; k += 4) {
+              t0 = fmaxf(t0, lse_row[k * my_rows]), t1 = fmaxf(t1, lse_row[(k + 1) * my_rows]);
+              t2 = fmaxf(t2, lse_row[(k + 2) * my_rows]), t3 = fmaxf(t3, lse_row[(k + 3) * my_rows]);
             }
-            const float rescale = top == -INFINITY ? 0.0f : expf(top - next); // 1 when the top stays
-            sum = sum * rescale + group_reduce(part, [](float a, float b) { return a + b; });
-            top = next;
-            if (wk == 0 && w_mine) merge_rows[0][wr] = rescale;
-            __syncthreads();
+            for (; k < end - k0; k++) t0 = fmaxf(t0, lse_row[k * my_rows]);
+            const float batch_top = fmaxf(fmaxf(t0, t1), fmaxf(t2, t3));
+            if (batch_top > top) {
+              const float rescale = top == -INFINITY ? 0.0f : exp2_ftz((top - batch_top) * 1.4426950408889634f);
+              sum *= rescale;
 #pragma unroll
-            for (uint32_t j = 0; j < E; j++) {
-              const float rescale = merge_rows[0][row[j]];
+              for (uint32_t j = 0; j < E; j++)
 #pragma unroll
-              for (int i = 0; i < 4; i++) acc[j][i] *= rescale;
+                for (int i = 0; i < 4; i++) acc[j][i] *= rescale;
+              top = batch_top;
             }
-            for (uint32_t k1 = 0; k1 < n; k1 += U) {
-              if (k1) load(k1);
+            for (uint32_t k1 = k0; k1 < end; k1 += U) {
+              if (k1 != k0) load(k1, end);
 #pragma unroll
-              for (uint32_t u = 0; u < U; u++)
+              for (uint32_t u = 0; u < U; u++) {
+                const float l = k1 + u < end ? lse_sm[(k1 + u - k0) * my_rows + r] : -INFINITY;
+                const float w = l == -INFINITY ? 0.0f : exp2_ftz((l - top) * 1.4426950408889634f);
+                sum += w;
 #pragma unroll
                 for (uint32_t j = 0; j < E; j++) {
-                  const float weight = k1 + u < n ? bw[(k1 + u) * my_rows + row[j]] : 0.0f;
-                  acc[j][0] += weight * v[j][u].x, acc[j][1] += weight * v[j][u].y;
-                  acc[j][2] += weight * v[j][u].z, acc[j][3] += weight * v[j][u].w;
+                  acc[j][0] += w * v[u][j].x, acc[j][1] += w * v[u][j].y;
+                  acc[j][2] += w * v[u][j].z, acc[j][3] += w * v[u][j].w;
                 }
+              }
             }
-            __syncthreads(); // the next batch overwrites bw and merge_rows
+            __syncthreads(); // the next batch overwrites lse_sm
           }
-          if (wk == 0 && w_mine) merge_rows[0][wr] = sum, merge_rows[1][wr] = top;
-          __syncthreads();
+          if (!mine) return;
+          const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 #pragma unroll
           for (uint32_t j = 0; j < E; j++) {
-            const uint32_t e = tid + j * threads, r = e / V4, d = e % V4 * 4;
-            if (e >= values) break;
-            const float total = merge_rows[0][r];
-            const uint64_t head = q_head(r);
+            const uint32_t d = (j0 + j * per_row) * 4;
+            if (d >= D) break;
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-              store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d + i, total > 0.0f ? acc[j][i] / total : 0.0f);
-            if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = total > 0.0f ? merge_rows[1][r] + logf(total) : -INFINITY;
+            for (int i = 0; i < 4; i++) store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d + i, acc[j][i] * inv);
           }
+          if (j0 == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = sum > 0.0f ? top + logf(sum) : -INFINITY;
         };
-        if (values <= uint32_t(threads)) merge(std::integral_constant<uint32_t, 1>{});
+        if (per_row >= V4) merge(std::integral_constant<uint32_t, 1>{});
         else merge(std::integral_constant<uint32_t, EPT>{});
       }
     }
