@@ -85,7 +85,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
   const uint32_t visible = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq] - p.q_tokens + tok + 1;
 
   float q[VEC], acc[VEC];
-  const float q_scale = p.scale * 1.4426950408889634f; // scores in log2 units
+  const float q_scale = p.scale * kLog2e; // scores in log2 units
 #pragma unroll
   for (int j = 0; j < VEC; j++) {
     q[j] = head_valid ? load_io(p.q_format, reinterpret_cast<const void *>(p.q), head * D + x * VEC + j) * q_scale : 0.0f;

@@ -1100,7 +1100,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   PkvChunk c = chunks[blockIdx.x / p.row_tiles];
   const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
-  const float q_mul = p.scale * 1.4426950408889634f; // scores in log2 units
+  const float q_mul = p.scale * kLog2e; // scores in log2 units
   const bool q_exact = !K::quantized && p.q_format == KF;
   const QParts qp{!q_exact, q_exact ? q_mul : 1.0f};
   const float q_pre = q_exact ? 1.0f : q_mul; // what q_values multiplies q by
@@ -1236,7 +1236,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // what q1 missed (|q2| <= 64), so the dot product keeps ~15 bits of q and the two int32 dot
       // products combine exactly before one conversion to float. Four threads a (row, group), eight
       // values each, the group's largest magnitude by two shuffles: every thread takes part (with a
-      // thread a group, a quarter of the block did it all: quantized K's 1x1K 3-4% slower, H200).
+      // thread a group, a quarter of the block did it all: quantized K's 1x1K 3-4% slower, H200,
+      // docs/perf/2026-12-04-h200-cuda-session21.md).
       static_assert(M::GROUPS * ROWS * 4 % 32 == 0, "a warp's lanes all take part");
       for (int e = tid; e < MT * M::GROUPS * ROWS * 4; e += threads) {
         const int quarter = e % 4, x = e / 4, i_tile = x / (M::GROUPS * ROWS), g = x / ROWS % M::GROUPS, r = x % ROWS;
@@ -1409,11 +1410,13 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         // (H200: head_dim 256 1x1K 9-12% faster, head_dim 128 1x1K 2%; docs/perf/2026-12-04-h200-cuda-session21.md).
         constexpr uint32_t V4 = D / 4, EPT = M::ROWS * V4 / THREADS; // float4s a row, most a thread takes
         const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads;  // a part's rows
-        const uint64_t first_row = uint64_t(first_part) * stride - uint64_t(c.seq) * stride;
+        // Chunk k's partial of row r: lse at part_lse[(first_part + k) * stride + in_seq(r)], values
+        // at part_out[that * D].
+        auto in_seq = [&](uint32_t r) { return q_head(r) - uint64_t(c.seq) * stride; };
         const uint32_t per_row = uint32_t(threads) / my_rows, r = min(tid / per_row, my_rows - 1), j0 = tid % per_row;
         const bool mine = tid / per_row < my_rows;
         const uint64_t head = q_head(r);
-        const float4 *values_of = reinterpret_cast<const float4 *>(p.part_out) + (first_row + head) * V4 + j0;
+        const float4 *values_of = reinterpret_cast<const float4 *>(p.part_out) + (first_part * stride + in_seq(r)) * V4 + j0;
         float *lse_sm = reinterpret_cast<float *>(smem); // [chunk][my_rows]
         const uint32_t batch = max(M::NS * M::stage_bytes, MT * M::combine_tile_bytes) / (my_rows * 4);
         // E float4s a thread, U chunks' loads at once.
@@ -1434,8 +1437,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
             const uint32_t end = min(chunks_of_seq, k0 + batch);
             load(k0, end);
             for (uint32_t i = tid; i < (end - k0) * my_rows; i += threads)
-              lse_sm[i] = __ldcg(reinterpret_cast<const float *>(p.part_lse) + first_row + (k0 + i / my_rows) * stride +
-                                 q_head(i % my_rows));
+              lse_sm[i] = __ldcg(reinterpret_cast<const float *>(p.part_lse) + (first_part + k0 + i / my_rows) * stride +
+                                 in_seq(i % my_rows));
             __syncthreads();
             // The batch's largest lse (four chains: short dependencies); an empty chunk's (-inf) weighs 0.
             const float *lse_row = lse_sm + r;
@@ -1448,7 +1451,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
             for (; k < end - k0; k++) t0 = fmaxf(t0, lse_row[k * my_rows]);
             const float batch_top = fmaxf(fmaxf(t0, t1), fmaxf(t2, t3));
             if (batch_top > top) {
-              const float rescale = top == -INFINITY ? 0.0f : exp2_ftz((top - batch_top) * 1.4426950408889634f);
+              const float rescale = top == -INFINITY ? 0.0f : exp2_ftz((top - batch_top) * kLog2e);
               sum *= rescale;
 #pragma unroll
               for (uint32_t j = 0; j < E; j++)
@@ -1461,7 +1464,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
 #pragma unroll
               for (uint32_t u = 0; u < U; u++) {
                 const float l = k1 + u < end ? lse_sm[(k1 + u - k0) * my_rows + r] : -INFINITY;
-                const float w = l == -INFINITY ? 0.0f : exp2_ftz((l - top) * 1.4426950408889634f);
+                const float w = l == -INFINITY ? 0.0f : exp2_ftz((l - top) * kLog2e);
                 sum += w;
 #pragma unroll
                 for (uint32_t j = 0; j < E; j++) {

@@ -13,6 +13,7 @@ namespace pkv_dev {
 // pkv_format values (include/pagedkv.h).
 enum : uint32_t { F32 = 1, F16 = 2, BF16 = 3, Q8_0 = 4, Q4_0 = 5 };
 constexpr uint32_t kGroup = 32;
+constexpr float kLog2e = 1.4426950408889634f; // natural-log units to log2 units
 constexpr uint32_t kNoPart = 0xffffffffu; // PkvChunk.part of a sequence's only chunk
 constexpr uint32_t kNoSeq = 0xffffffffu;  // PkvChunk.seq of a balanced plan's filler
 
