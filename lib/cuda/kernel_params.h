@@ -131,7 +131,7 @@ typedef struct PkvReadParams {
  * PKV_MMA_TOKENS rows): float rows as the page holds them with 16 bytes of padding after every 8
  * rows, quantized rows (data then scales) each padded to an odd number of 16-byte units; either way
  * the eight rows one matrix load or one quad of lanes reads fall in different banks. constexpr (every
- * includer is C++): decode_mma.cu checks its own layout against it at compile time. */
+ * includer is C++): lib/cuda/mma/stage_layout.cuh checks its own layout against it at compile time. */
 static constexpr uint32_t pkv_mma_part_bytes(uint32_t data_and_scale_bytes, int quantized) {
   const uint32_t tokens = PKV_MMA_WARPS * PKV_MMA_TOKENS, units = (data_and_scale_bytes + 15) / 16;
   if (quantized) return tokens * (units % 2 ? units : units + 1) * 16;
