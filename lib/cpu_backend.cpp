@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu_attention.hpp"
 #include "error.hpp"
 #include "worker_pool.hpp"
 
@@ -20,102 +21,13 @@ namespace pkv {
 
 namespace {
 
-constexpr uint32_t kTokenBlock = 32; // tokens whose scores are taken before one softmax rescale
 constexpr uint32_t kRowsPerItem = 64; // rows one scatter/gather work item converts
 
 uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
 
-// Eight independent sums so the compiler can keep them in vector lanes; head_dim is a multiple of 32.
-float dot(const float *a, const float *b, uint32_t n) {
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (uint32_t i = 0; i < n; i += 8)
-    for (uint32_t j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-// attend_chunk's buffers, one set per worker thread, kept between calls: once warm, a decode's
-// chunks allocate nothing.
-struct Scratch {
-  std::vector<float> q, acc, keys, values, m, l, scores;
-};
-
-// One chunk of one sequence for the query rows of one KV head (every query token times every head
-// of the group): online softmax over blocks of tokens, giving the chunk's normalised output and its
-// log-sum-exp per row. Query token q sees positions below length - q_tokens + q + 1.
-struct ChunkTask {
-  const PoolGeometry *g;
-  const DecodeBatch *b;
-  const DecodeChunk *chunk;
-  uint32_t kv_head;
-  float *out; // [q_tokens * group][head_dim]
-  float *lse; // [q_tokens * group]
-  Scratch *scratch;
-};
-
-void attend_chunk(const ChunkTask &t) {
-  const PoolGeometry &g = *t.g;
-  const DecodeBatch &b = *t.b;
-  const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq, rows = b.q_tokens * group;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  Scratch &scratch = *t.scratch;
-  std::vector<float> &q = scratch.q, &acc = scratch.acc, &keys = scratch.keys, &values = scratch.values;
-  std::vector<float> &m = scratch.m, &l = scratch.l, &scores = scratch.scores;
-  q.resize(size_t(rows) * D);
-  acc.assign(size_t(rows) * D, 0.0f);
-  keys.resize(size_t(kTokenBlock) * D);
-  values.resize(size_t(kTokenBlock) * D);
-  m.assign(rows, neg_inf);
-  l.assign(rows, 0.0f);
-  scores.resize(kTokenBlock);
-
-  const size_t q_elem = io_elem_bytes(b.q_format);
-  for (uint32_t tok = 0; tok < b.q_tokens; tok++) {
-    const size_t first = (size_t(s) * b.q_tokens + tok) * b.q_heads + size_t(t.kv_head) * group;
-    load_io(b.q_format, static_cast<const uint8_t *>(b.q) + first * D * q_elem, size_t(group) * D,
-            &q[size_t(tok) * group * D]);
-  }
-
-  const uint32_t *pages = reinterpret_cast<const uint32_t *>(host(g.table)) + size_t(b.seq_slots[s]) * g.table_stride;
-  for (uint32_t t0 = t.chunk->token_begin; t0 < t.chunk->token_end; t0 += kTokenBlock) {
-    const uint32_t n = std::min(kTokenBlock, t.chunk->token_end - t0);
-    for (uint32_t i = 0; i < n; i++) {
-      const uint32_t page = pages[(t0 + i) / g.page_size], slot = (t0 + i) % g.page_size;
-      decode_row(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
-      decode_row(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
-    }
-    for (uint32_t r = 0; r < rows; r++) {
-      const uint32_t visible = b.lengths[s] - b.q_tokens + r / group + 1; // positions this row sees
-      float block_max = neg_inf;
-      for (uint32_t i = 0; i < n; i++) {
-        scores[i] = t0 + i < visible ? b.scale * dot(&q[size_t(r) * D], &keys[size_t(i) * D], D) : neg_inf;
-        block_max = std::max(block_max, scores[i]);
-      }
-      if (block_max == neg_inf) continue; // nothing visible in this block
-      const float m_new = std::max(m[r], block_max);
-      const float correction = std::exp(m[r] - m_new); // 0 on the first visible block (m = -inf)
-      float *a = &acc[size_t(r) * D];
-      for (uint32_t d = 0; d < D; d++) a[d] *= correction;
-      l[r] *= correction;
-      for (uint32_t i = 0; i < n; i++) {
-        if (scores[i] == neg_inf) continue;
-        const float p = std::exp(scores[i] - m_new);
-        l[r] += p;
-        const float *v = &values[size_t(i) * D];
-        for (uint32_t d = 0; d < D; d++) a[d] += p * v[d];
-      }
-      m[r] = m_new;
-    }
-  }
-  for (uint32_t r = 0; r < rows; r++) {
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    for (uint32_t d = 0; d < D; d++) t.out[size_t(r) * D + d] = acc[size_t(r) * D + d] * inv;
-    t.lse[r] = l[r] > 0.0f ? m[r] + std::log(l[r]) : neg_inf;
-  }
-}
-
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(uint32_t threads) : workers_(threads), scratch_(workers_.threads()) {}
+  explicit CpuBackend(uint32_t threads) : attend_(attend_kernel()), workers_(threads), scratch_(workers_.threads()) {}
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
   uint32_t workers(const PoolGeometry &, uint32_t) override { return workers_.threads(); }
@@ -190,7 +102,7 @@ class CpuBackend final : public Backend {
     workers_.run(uint32_t(items), [&](uint32_t item, uint32_t worker) {
       ChunkTask t{&g, &b, &plan.chunks[item / g.kv_heads], item % g.kv_heads,
                   &part_out[size_t(item) * rows * D], &part_lse[size_t(item) * rows], &scratch_[worker]};
-      attend_chunk(t);
+      attend_.run(t);
     });
     workers_.run(b.count, [&](uint32_t s, uint32_t) { merge(g, b, part_out, part_lse, s); });
   }
@@ -273,8 +185,9 @@ class CpuBackend final : public Backend {
 
   static constexpr uint64_t kDefaultBandwidthBytes = 512ull << 20;
 
+  AttendKernel attend_;
   WorkerPool workers_;
-  std::vector<Scratch> scratch_; // one a worker thread
+  std::vector<AttendScratch> scratch_; // one a worker thread
   uint64_t bandwidth_sink_ = 0;
   std::mutex mu_;
   std::unordered_map<DevPtr, void *> blocks_;

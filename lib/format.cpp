@@ -8,39 +8,21 @@ namespace pkv {
 
 namespace {
 
-uint32_t bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t(63); }
-
-uint16_t load16(const void *p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
 
 void store16(void *p, uint16_t v) { std::memcpy(p, &v, 2); }
 
 } // namespace
 
 uint16_t f32_to_f16(float x) {
-  const uint32_t u = bits(x);
+  const uint32_t u = float_bits(x);
   const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN stays NaN
   if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u); // rounds past 65504: infinity
   if (a < 0x38800000u) {                                 // below 2^-14: subnormal half
     // Scale into units of 2^-24 with the float unit's own round-to-nearest-even.
-    const float scaled = from_bits(a) * 16777216.0f;
+    const float scaled = float_from_bits(a) * 16777216.0f;
     return uint16_t(sign | uint16_t(std::nearbyint(scaled)));
   }
   // Normal: drop 13 mantissa bits, rounding to nearest even; a carry correctly bumps the exponent.
@@ -48,24 +30,11 @@ uint16_t f32_to_f16(float x) {
   return uint16_t(sign | uint16_t((rounded - 0x38000000u) >> 13));
 }
 
-// Branch-free, so loops over rows vectorise: the half's exponent and mantissa are moved into float
-// position and rescaled by a power of two (which also carries infinities and NaNs over); subnormal
-// halves are instead built as 0.5 + m * 2^-24 with the bits of 0.5's exponent, minus 0.5.
-float f16_to_f32(uint16_t h) {
-  const uint32_t w = uint32_t(h) << 16, sign = w & 0x80000000u, two_w = w + w;
-  const float normal = from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float subnormal = from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t is_subnormal = 0u - uint32_t(two_w < (1u << 27)); // a mask, not a branch
-  return from_bits(sign | (bits(subnormal) & is_subnormal) | (bits(normal) & ~is_subnormal));
-}
-
 uint16_t f32_to_bf16(float x) {
-  const uint32_t u = bits(x);
+  const uint32_t u = float_bits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-
-float bf16_to_f32(uint16_t h) { return from_bits(uint32_t(h) << 16); }
 
 bool is_io_format(pkv_format f) {
   return f == PKV_FORMAT_F32 || f == PKV_FORMAT_F16 || f == PKV_FORMAT_BF16;
@@ -76,19 +45,6 @@ bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT
 bool is_page_format(pkv_format f) { return is_io_format(f) || is_quantized(f); }
 
 size_t io_elem_bytes(pkv_format f) { return f == PKV_FORMAT_F32 ? 4 : 2; }
-
-void load_io(pkv_format f, const void *src, size_t n, float *dst) {
-  const auto *p = static_cast<const uint8_t *>(src);
-  switch (f) {
-  case PKV_FORMAT_F32: std::memcpy(dst, src, n * 4); break;
-  case PKV_FORMAT_F16:
-    for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(load16(p + 2 * i));
-    break;
-  default:
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(load16(p + 2 * i));
-    break;
-  }
-}
 
 void store_io(pkv_format f, const float *src, size_t n, void *dst) {
   auto *p = static_cast<uint8_t *>(dst);
@@ -130,32 +86,11 @@ void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
   }
 }
 
-void dequantize_q8_0(uint16_t d, const int8_t *q, float *x) {
-  const float s = f16_to_f32(d);
-  for (uint32_t j = 0; j < kGroup; j++) x[j] = float(q[j]) * s;
-}
-
-void dequantize_q4_0(uint16_t d, const uint8_t *q, float *x) {
-  const float s = f16_to_f32(d);
-  for (uint32_t j = 0; j < kGroup / 2; j++) {
-    x[j] = float(int(q[j] & 15) - 8) * s;
-    x[j + kGroup / 2] = float(int(q[j] >> 4) - 8) * s;
-  }
-}
-
 namespace {
-
-// Quants of one group: Q8_0 one byte a value, Q4_0 half a byte.
-uint32_t group_quant_bytes(pkv_format f) { return f == PKV_FORMAT_Q8_0 ? kGroup : kGroup / 2; }
 
 void quantize_group(pkv_format f, const float *x, uint16_t *d, uint8_t *q) {
   if (f == PKV_FORMAT_Q8_0) quantize_q8_0(x, d, reinterpret_cast<int8_t *>(q));
   else quantize_q4_0(x, d, q);
-}
-
-void dequantize_group(pkv_format f, uint16_t d, const uint8_t *q, float *x) {
-  if (f == PKV_FORMAT_Q8_0) dequantize_q8_0(d, reinterpret_cast<const int8_t *>(q), x);
-  else dequantize_q4_0(d, q, x);
 }
 
 } // namespace
@@ -213,15 +148,6 @@ void encode_row(const PlaneLayout &l, uint8_t *part, uint32_t head, uint32_t slo
     quantize_group(l.format, src + g * kGroup, &d, data + g * qb);
     store16(scales + 2 * g, d);
   }
-}
-
-void decode_row(const PlaneLayout &l, const uint8_t *part, uint32_t head, uint32_t slot, float *dst) {
-  const uint8_t *data = part + l.data_at(head, slot);
-  if (!is_quantized(l.format)) return load_io(l.format, data, l.head_dim, dst);
-  const uint8_t *scales = part + l.scale_at(head, slot);
-  const uint32_t qb = group_quant_bytes(l.format);
-  for (uint32_t g = 0; g < l.head_dim / kGroup; g++)
-    dequantize_group(l.format, load16(scales + 2 * g), data + g * qb, dst + g * kGroup);
 }
 
 } // namespace pkv

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "pagedkv.h"
 
@@ -12,9 +13,39 @@ namespace pkv {
 constexpr uint32_t kGroup = 32; // values per Q8_0/Q4_0 scale, along head_dim
 
 uint16_t f32_to_f16(float x);
-float f16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float x);
-float bf16_to_f32(uint16_t h);
+
+// The conversions from page formats to floats are defined below, inline, so that the CPU decode's
+// variant for wider vector units (lib/cpu_attention.cpp) compiles them for those units too. Each is
+// exact, so every variant gives the same floats.
+inline uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float float_from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline uint16_t load16(const void *p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Branch-free, so loops over rows vectorise: the half's exponent and mantissa are moved into float
+// position and rescaled by a power of two (which also carries infinities and NaNs over); subnormal
+// halves are instead built as 0.5 + m * 2^-24 with the bits of 0.5's exponent, minus 0.5.
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t w = uint32_t(h) << 16, sign = w & 0x80000000u, two_w = w + w;
+  const float normal = float_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float subnormal = float_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t is_subnormal = 0u - uint32_t(two_w < (1u << 27)); // a mask, not a branch
+  return float_from_bits(sign | (float_bits(subnormal) & is_subnormal) | (float_bits(normal) & ~is_subnormal));
+}
+
+inline float bf16_to_f32(uint16_t h) { return float_from_bits(uint32_t(h) << 16); }
 
 bool is_io_format(pkv_format f);   // F32, F16, BF16: q, out, source and destination rows
 bool is_page_format(pkv_format f); // every format a page may hold
@@ -22,15 +53,46 @@ bool is_quantized(pkv_format f);
 size_t io_elem_bytes(pkv_format f);
 
 // n values between F32 and an I/O format.
-void load_io(pkv_format f, const void *src, size_t n, float *dst);
+inline void load_io(pkv_format f, const void *src, size_t n, float *dst) {
+  const auto *p = static_cast<const uint8_t *>(src);
+  switch (f) {
+  case PKV_FORMAT_F32: std::memcpy(dst, src, n * 4); break;
+  case PKV_FORMAT_F16:
+    for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(load16(p + 2 * i));
+    break;
+  default:
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(load16(p + 2 * i));
+    break;
+  }
+}
 void store_io(pkv_format f, const float *src, size_t n, void *dst);
 
 // One group of 32 values, ggml's reference arithmetic. Q4_0 packs element j in the low nibble of
 // byte j and element j + 16 in its high nibble, offset by 8.
 void quantize_q8_0(const float *x, uint16_t *d, int8_t *q);
 void quantize_q4_0(const float *x, uint16_t *d, uint8_t *q);
-void dequantize_q8_0(uint16_t d, const int8_t *q, float *x);
-void dequantize_q4_0(uint16_t d, const uint8_t *q, float *x);
+// __restrict: the bytes may alias anything, and only a promise that they do not lets the loop run
+// as vector code.
+inline void dequantize_q8_0(uint16_t d, const int8_t *__restrict q, float *__restrict x) {
+  const float s = f16_to_f32(d);
+  for (uint32_t j = 0; j < kGroup; j++) x[j] = float(q[j]) * s;
+}
+inline void dequantize_q4_0(uint16_t d, const uint8_t *__restrict q, float *__restrict x) {
+  const float s = f16_to_f32(d);
+  // Kept a loop: unrolled into 16 statements where the CPU decode inlines it, the compiler converted
+  // each nibble on its own instead of as vectors.
+#pragma GCC unroll 1
+  for (uint32_t j = 0; j < kGroup / 2; j++) {
+    x[j] = float(int(q[j] & 15) - 8) * s;
+    x[j + kGroup / 2] = float(int(q[j] >> 4) - 8) * s;
+  }
+}
+// Quants of one group: Q8_0 one byte a value, Q4_0 half a byte.
+inline uint32_t group_quant_bytes(pkv_format f) { return f == PKV_FORMAT_Q8_0 ? kGroup : kGroup / 2; }
+inline void dequantize_group(pkv_format f, uint16_t d, const uint8_t *q, float *x) {
+  if (f == PKV_FORMAT_Q8_0) dequantize_q8_0(d, reinterpret_cast<const int8_t *>(q), x);
+  else dequantize_q4_0(d, q, x);
+}
 
 // Bytes of n values in ggml's row encoding (blocks of scale + quants for Q formats); 0 if n is invalid.
 size_t row_bytes(pkv_format f, size_t n);
@@ -61,6 +123,13 @@ PlaneLayout make_plane_layout(pkv_format f, uint32_t kv_heads, uint32_t page_siz
 
 // One row of head_dim values into / out of a page part at (head, slot).
 void encode_row(const PlaneLayout &layout, uint8_t *part, uint32_t head, uint32_t slot, const float *src);
-void decode_row(const PlaneLayout &layout, const uint8_t *part, uint32_t head, uint32_t slot, float *dst);
+inline void decode_row(const PlaneLayout &l, const uint8_t *part, uint32_t head, uint32_t slot, float *dst) {
+  const uint8_t *data = part + l.data_at(head, slot);
+  if (l.format != PKV_FORMAT_Q8_0 && l.format != PKV_FORMAT_Q4_0) return load_io(l.format, data, l.head_dim, dst);
+  const uint8_t *scales = part + l.scale_at(head, slot);
+  const uint32_t qb = group_quant_bytes(l.format);
+  for (uint32_t g = 0; g < l.head_dim / kGroup; g++)
+    dequantize_group(l.format, load16(scales + 2 * g), data + g * qb, dst + g * kGroup);
+}
 
 } // namespace pkv
