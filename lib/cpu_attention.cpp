@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
-#include "error.hpp"
 #include "format.hpp"
 
 // GCC or Clang: the vector extension, and on x86-64 target attributes for the AVX2 variant.
@@ -134,14 +132,12 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const ChunkTask &t) { atten
 
 } // namespace
 
-AttendKernel attend_kernel() {
-  const char *want = std::getenv("PKV_CPU_KERNEL");
+AttendKernel attend_kernel(const char *want) {
   const bool generic = want && std::strcmp(want, "generic") == 0;
-  if (want && *want && !generic)
-    fail(PKV_ERR_INVALID_ARGUMENT, "PKV_CPU_KERNEL=%s: expected generic (or unset)", want);
+  if (want && *want && !generic) return {nullptr, nullptr};
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {attend_avx2, "avx2"};
+  if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {attend_avx2, "AVX2 + FMA"};
 #endif
   return {attend_generic, "generic"};
 }

@@ -31,11 +31,11 @@ struct ChunkTask {
 
 struct AttendKernel {
   void (*run)(const ChunkTask &task);
-  const char *name; // "avx2" or "generic"
+  const char *name; // "AVX2 + FMA" or "generic"
 };
 
-// The widest variant this processor runs; PKV_CPU_KERNEL=generic takes the portable one (for A/B
-// runs of one binary), any other value fails with PKV_ERR_INVALID_ARGUMENT.
-AttendKernel attend_kernel();
+// The variant for `want`, PKV_CPU_KERNEL's value: null or empty, the widest this processor runs;
+// "generic", the portable one (for A/B runs of one binary); any other value, none (run null).
+AttendKernel attend_kernel(const char *want);
 
 } // namespace pkv

@@ -27,7 +27,7 @@ uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(uint32_t threads) : attend_(attend_kernel()), workers_(threads), scratch_(workers_.threads()) {}
+  CpuBackend(uint32_t threads, AttendKernel attend) : attend_(attend), workers_(threads), scratch_(workers_.threads()) {}
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
   uint32_t workers(const PoolGeometry &, uint32_t) override { return workers_.threads(); }
@@ -196,8 +196,11 @@ class CpuBackend final : public Backend {
 } // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(uint32_t threads) {
+  const char *want = std::getenv("PKV_CPU_KERNEL");
+  const AttendKernel attend = attend_kernel(want);
+  if (!attend.run) fail(PKV_ERR_INVALID_ARGUMENT, "PKV_CPU_KERNEL=%s: expected generic (or unset)", want);
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  return std::make_unique<CpuBackend>(threads);
+  return std::make_unique<CpuBackend>(threads, attend);
 }
 
 std::string cpu_description() {
@@ -209,7 +212,10 @@ std::string cpu_description() {
       break;
     }
   }
-  return model + ", " + std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " hardware threads";
+  const char *want = std::getenv("PKV_CPU_KERNEL");
+  const AttendKernel attend = attend_kernel(want);
+  return model + ", " + std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " hardware threads, " +
+         (attend.name ? std::string(attend.name) + " decode" : "PKV_CPU_KERNEL=" + std::string(want) + " unknown");
 }
 
 } // namespace pkv

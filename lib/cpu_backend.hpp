@@ -8,7 +8,7 @@
 namespace pkv {
 
 std::unique_ptr<Backend> make_cpu_backend(uint32_t threads);
-// The processor's name and thread count, for pkv_backend_query.
+// The processor's name, thread count and decode variant, for pkv_backend_query.
 std::string cpu_description();
 
 } // namespace pkv
