@@ -176,6 +176,7 @@ PKV_API pkv_status pkv_context_backend(const pkv_context *ctx, pkv_backend *out)
 PKV_API pkv_status pkv_context_synchronize(pkv_context *ctx) {
   return guarded(__func__, [&] {
     check_pointer(ctx, "ctx");
+    std::lock_guard<std::mutex> device(ctx->mu);
     ctx->backend->synchronize();
   });
 }
@@ -184,6 +185,7 @@ PKV_API pkv_status pkv_context_read_bandwidth(pkv_context *ctx, uint64_t bytes, 
   return guarded(__func__, [&] {
     check_pointer(ctx, "ctx");
     check_pointer(gb_per_s, "gb_per_s");
+    std::lock_guard<std::mutex> device(ctx->mu);
     *gb_per_s = ctx->backend->read_bandwidth(bytes);
   });
 }

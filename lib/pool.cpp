@@ -58,6 +58,7 @@ pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
       max_length_(std::min<uint64_t>(desc.max_sequence_length ? desc.max_sequence_length : UINT32_MAX,
                                      uint64_t(desc.pages) * desc.page_size)) {
   pkv::Backend &b = *ctx_->backend;
+  std::lock_guard<std::mutex> device(ctx_->mu);
   try {
     geometry_.base = b.alloc(geometry_.total_bytes());
     geometry_.table = b.alloc(geometry_.table_bytes());
@@ -76,6 +77,7 @@ pkv_pool::~pkv_pool() {
 }
 
 void pkv_pool::release_memory() noexcept {
+  std::lock_guard<std::mutex> device(ctx_->mu);
   for (pkv::DevPtr p : {geometry_.plan, geometry_.table, geometry_.base}) ctx_->backend->release(p);
 }
 
@@ -223,7 +225,10 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
       s.pages.reserve(pages_for(uint64_t(s.length) + n_new[i]));
     }
     pending_.reserve(pending_.size() + need);
-    if (!copies.empty()) ctx_->backend->copy_pages(geometry_, copies.data(), uint32_t(copies.size()));
+    if (!copies.empty()) {
+      std::lock_guard<std::mutex> device(ctx_->mu);
+      ctx_->backend->copy_pages(geometry_, copies.data(), uint32_t(copies.size()));
+    }
   } catch (...) {
     for (uint32_t p : fresh) pages_.release(p);
     throw;
@@ -272,6 +277,7 @@ void pkv_pool::write(const pkv_write_args &a) {
     }
   }
   if (targets.empty()) return;
+  std::lock_guard<std::mutex> device(ctx_->mu);
   ctx_->backend->scatter(geometry_, {transfer(a.layer, targets, a.src_format, a.memory), a.k, a.v});
   pending_.clear();
 }
@@ -289,6 +295,7 @@ void pkv_pool::read(const pkv_read_args &a) {
   if (a.count == 0) return;
   std::vector<pkv::RowSlot> sources(a.count);
   for (uint32_t i = 0; i < a.count; i++) sources[i] = slot_of(s, a.start + i);
+  std::lock_guard<std::mutex> device(ctx_->mu);
   ctx_->backend->gather(geometry_, {transfer(a.layer, sources, a.dst_format, a.memory), a.k, a.v});
   pending_.clear();
 }
@@ -327,6 +334,7 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
            "tokens first", i, lengths[i], a.q_tokens);
   }
   pkv::Backend &backend = *ctx_->backend;
+  std::lock_guard<std::mutex> device(ctx_->mu);
   const uint32_t rows = a.q_tokens * (a.q_heads / geometry_.kv_heads);
   const pkv::DecodePlan &plan =
       plans_.get({lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages,
