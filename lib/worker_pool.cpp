@@ -49,11 +49,11 @@ void WorkerPool::work_loop(uint32_t worker) {
 
 void WorkerPool::run(uint32_t n, const std::function<void(uint32_t, uint32_t)> &fn) {
   if (n == 0) return;
+  std::lock_guard<std::mutex> one_at_a_time(run_mu_); // the caller is worker 0 either way
   if (workers_.empty() || n == 1) {
     for (uint32_t i = 0; i < n; i++) fn(i, 0);
     return;
   }
-  std::lock_guard<std::mutex> one_at_a_time(run_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;
