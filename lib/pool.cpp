@@ -58,8 +58,8 @@ pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
       max_length_(std::min<uint64_t>(desc.max_sequence_length ? desc.max_sequence_length : UINT32_MAX,
                                      uint64_t(desc.pages) * desc.page_size)) {
   pkv::Backend &b = *ctx_->backend;
-  std::lock_guard<std::mutex> device(ctx_->mu);
   try {
+    std::lock_guard<std::mutex> device(ctx_->mu); // released before the handler takes it again
     geometry_.base = b.alloc(geometry_.total_bytes());
     geometry_.table = b.alloc(geometry_.table_bytes());
     const uint64_t plan_bytes = b.plan_buffer_bytes(geometry_);

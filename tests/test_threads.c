@@ -1,9 +1,11 @@
-/* Two pools of one context, used from two threads at once: each thread writes and decodes its own
- * pool over and over, and every result must be bit-identical to the one its pool gave before the
- * other thread started (decode is deterministic). The pools share the context's backend (its
- * buffers, worker threads and stream), so calls on them must not interleave inside it. The shapes
- * make each decode a single work item (one KV head, one chunk), which the CPU backend runs on the
- * calling thread. */
+/* The context's lock, which its pools' backend calls take (they share its backend: buffers, worker
+ * threads, stream).
+ * - Two pools of one context, used from two threads at once: each thread decodes its own pool over
+ *   and over, and every result must be bit-identical to the one its pool gave before the other
+ *   thread started (decode is deterministic). The shapes make each decode a single work item (one
+ *   KV head, one chunk), which the CPU backend runs on the calling thread.
+ * - A pool the backend cannot allocate: the failure must leave the lock free, so that the context
+ *   still serves another pool (a held lock would hang this test). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -84,7 +86,27 @@ static void two_pools_two_threads(void **state) {
   pu_close(ctx, w[0].pool);
 }
 
+static void failed_pool_leaves_context_usable(void **state) {
+  (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+  skip(); /* AddressSanitizer's allocator stops the program on a 512 TiB request instead of failing it */
+#endif
+  pkv_pool_desc huge = pu_desc(65536, 4096, 256, 1024, 1, 1, PKV_FORMAT_F32, PKV_FORMAT_F32); /* 8 GiB x 65536 */
+  const pkv_pool_desc small = pu_desc(1, 1, HEAD_DIM, 16, 4, 1, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  pkv_context *ctx;
+  pkv_pool *pool, *none = NULL;
+  pu_open(&small, &ctx, &pool);
+  pu_assert_fails(pkv_pool_create(ctx, &huge, &none), PKV_ERR_OUT_OF_MEMORY);
+  assert_null(none);
+  pkv_pool *other;
+  assert_int_equal(pkv_pool_create(ctx, &small, &other), PKV_OK);
+  assert_int_equal(pkv_context_synchronize(ctx), PKV_OK);
+  assert_int_equal(pkv_pool_destroy(other), PKV_OK);
+  pu_close(ctx, pool);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(two_pools_two_threads)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(two_pools_two_threads),
+                                     cmocka_unit_test(failed_pool_leaves_context_usable)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
