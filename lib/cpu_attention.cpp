@@ -16,10 +16,8 @@ namespace {
 
 constexpr uint32_t kTokenBlock = 32; // tokens whose scores are taken before one softmax rescale
 
-uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
-
 // W floats as one vector (GCC's and Clang's vector extension): 4 for SSE or NEON registers, 8 for
-// AVX ones (wider than the registers, the compiler's code was slower than plain loops').
+// AVX ones (vectors wider than the registers made slower code than the plain loops had).
 template <int W> struct Lanes {
   typedef float type __attribute__((vector_size(4 * W)));
 };

@@ -11,6 +11,9 @@
 
 namespace pkv {
 
+// The CPU backend's device pointers are host addresses.
+inline uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
+
 // A worker thread's buffers, kept between calls: once warm, a decode's chunks allocate nothing.
 struct AttendScratch {
   std::vector<float> q, acc, keys, values, m, l, scores;

@@ -23,8 +23,6 @@ namespace {
 
 constexpr uint32_t kRowsPerItem = 64; // rows one scatter/gather work item converts
 
-uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
-
 class CpuBackend final : public Backend {
  public:
   CpuBackend(uint32_t threads, AttendKernel attend) : attend_(attend), workers_(threads), scratch_(workers_.threads()) {}

@@ -40,8 +40,6 @@ bool is_io_format(pkv_format f) {
   return f == PKV_FORMAT_F32 || f == PKV_FORMAT_F16 || f == PKV_FORMAT_BF16;
 }
 
-bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
-
 bool is_page_format(pkv_format f) { return is_io_format(f) || is_quantized(f); }
 
 size_t io_elem_bytes(pkv_format f) { return f == PKV_FORMAT_F32 ? 4 : 2; }

@@ -49,7 +49,7 @@ inline float bf16_to_f32(uint16_t h) { return float_from_bits(uint32_t(h) << 16)
 
 bool is_io_format(pkv_format f);   // F32, F16, BF16: q, out, source and destination rows
 bool is_page_format(pkv_format f); // every format a page may hold
-bool is_quantized(pkv_format f);
+inline bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
 size_t io_elem_bytes(pkv_format f);
 
 // n values between F32 and an I/O format.
@@ -125,7 +125,7 @@ PlaneLayout make_plane_layout(pkv_format f, uint32_t kv_heads, uint32_t page_siz
 void encode_row(const PlaneLayout &layout, uint8_t *part, uint32_t head, uint32_t slot, const float *src);
 inline void decode_row(const PlaneLayout &l, const uint8_t *part, uint32_t head, uint32_t slot, float *dst) {
   const uint8_t *data = part + l.data_at(head, slot);
-  if (l.format != PKV_FORMAT_Q8_0 && l.format != PKV_FORMAT_Q4_0) return load_io(l.format, data, l.head_dim, dst);
+  if (!is_quantized(l.format)) return load_io(l.format, data, l.head_dim, dst);
   const uint8_t *scales = part + l.scale_at(head, slot);
   const uint32_t qb = group_quant_bytes(l.format);
   for (uint32_t g = 0; g < l.head_dim / kGroup; g++)

@@ -652,7 +652,6 @@ class GpuBackend final : public Backend {
     }
     return n;
   }
-  static bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
   static int float_pages(const PoolGeometry &g) { return !is_quantized(g.k.format) && !is_quantized(g.v.format); }
 
   // The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out (it checks the
