@@ -20,6 +20,7 @@
 #ifndef PAGEDKV_LOADER_H
 #define PAGEDKV_LOADER_H
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,6 +53,18 @@ extern "C" {
 #endif
 
 /* Writes "pkv_loader_open: <what>: <the OS's error text>" into loader->error. */
+/* Formats loader->error, cut at its size: a long path shortens the message. (Through vsnprintf: GCC
+ * warned of the possible truncation at every snprintf call, in the programs that include this.) */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static inline void pkv_loader_message_(pkv_loader *loader, const char *format, ...) {
+  va_list args;
+  va_start(args, format);
+  vsnprintf(loader->error, sizeof loader->error, format, args);
+  va_end(args);
+}
+
 static inline void pkv_loader_fail_(pkv_loader *loader, const char *what, const char *path) {
 #if defined(_WIN32)
   char os[256];
@@ -60,12 +73,11 @@ static inline void pkv_loader_fail_(pkv_loader *loader, const char *what, const 
                            (DWORD)sizeof os, NULL);
   while (n > 0 && (os[n - 1] == '\n' || os[n - 1] == '\r' || os[n - 1] == ' ' || os[n - 1] == '.')) n--;
   os[n] = '\0';
-  snprintf(loader->error, sizeof loader->error, "pkv_loader_open: %s \"%s\": Windows error %lu: %s", what, path,
-           (unsigned long)code, n > 0 ? os : "no description");
+  pkv_loader_message_(loader, "pkv_loader_open: %s \"%s\": Windows error %lu: %s", what, path, (unsigned long)code,
+                      n > 0 ? os : "no description");
 #else
   const char *os = dlerror();
-  snprintf(loader->error, sizeof loader->error, "pkv_loader_open: %s \"%s\": %s", what, path,
-           os ? os : "no description");
+  pkv_loader_message_(loader, "pkv_loader_open: %s \"%s\": %s", what, path, os ? os : "no description");
 #endif
 }
 
@@ -132,13 +144,14 @@ static inline pkv_status pkv_loader_open(pkv_loader *loader, const char *path, u
     /* Every release of this major version offers version 1: it tells what this library is. */
     const pkv_api *first = NULL;
     if (get_api(1, &first) == PKV_OK)
-      snprintf(loader->error, sizeof loader->error,
-               "pkv_loader_open: \"%s\" (pagedkv %s) offers function table versions 1 to %u; this program "
-               "asks for version %u (pagedkv.h %s)",
-               path, first->version_string(), (unsigned)first->api_version, (unsigned)version, PKV_VERSION_STRING);
+      pkv_loader_message_(loader,
+                          "pkv_loader_open: \"%s\" (pagedkv %s) offers function table versions 1 to %u; this "
+                          "program asks for version %u (pagedkv.h %s)",
+                          path, first->version_string(), (unsigned)first->api_version, (unsigned)version,
+                          PKV_VERSION_STRING);
     else
-      snprintf(loader->error, sizeof loader->error, "pkv_loader_open: \"%s\" refused function table version %u",
-               path, (unsigned)version);
+      pkv_loader_message_(loader, "pkv_loader_open: \"%s\" refused function table version %u", path,
+                          (unsigned)version);
     pkv_loader_close(loader);
     return status;
   }
