@@ -64,7 +64,12 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// MinGW formats through its own C99 printf, which its gcc checks as gnu_printf (as lib/error.hpp).
+#if defined(__MINGW32__)
+std::string strf(const char *fmt, ...) __attribute__((format(__MINGW_PRINTF_FORMAT, 1, 2)));
+#else
 std::string strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#endif
 std::string strf(const char *fmt, ...) {
   char buf[1024];
   va_list ap;
