@@ -7,6 +7,11 @@
 
 #include "format.hpp"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 // GCC or Clang: the vector extension, and on x86-64 target attributes for the AVX2 variant.
 #define PKV_ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -60,8 +65,11 @@ PKV_ALWAYS_INLINE void accumulate(float *acc, float correction, const float *w, 
   }
 }
 
-// W: floats a vector.
-template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
+// How a variant reads one page row into floats (decode_row's signature).
+using RowDecoder = void (*)(const PlaneLayout &, const uint8_t *, uint32_t, uint32_t, float *);
+
+// W: floats a vector; Decode: the page rows' conversion.
+template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
   const PoolGeometry &g = *t.g;
   const DecodeBatch &b = *t.b;
   const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq, rows = b.q_tokens * group;
@@ -89,8 +97,8 @@ template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
     const uint32_t n = std::min(kTokenBlock, t.chunk->token_end - t0);
     for (uint32_t i = 0; i < n; i++) {
       const uint32_t page = pages[(t0 + i) / g.page_size], slot = (t0 + i) % g.page_size;
-      decode_row(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
-      decode_row(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
+      Decode(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
+      Decode(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
     }
     for (uint32_t r = 0; r < rows; r++) {
       // The row sees the block's first nv tokens: positions below length - q_tokens + its token + 1.
@@ -120,12 +128,27 @@ template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
   }
 }
 
-void attend_generic(const ChunkTask &t) { attend<4>(t); }
+void attend_generic(const ChunkTask &t) { attend<4, decode_row>(t); }
 
 #if defined(__x86_64__)
-// The same code for AVX2 and FMA: the loops inlined here run 8 floats a vector and their
+// F16 rows through F16C, 8 values an instruction (exact, as f16_to_f32's ten or so: F16 rows 3-15%
+// faster, docs/perf/2026-12-04-cpu-f16c.md); other formats as decode_row.
+__attribute__((target("avx2,fma,f16c"))) void decode_row_f16c(const PlaneLayout &l, const uint8_t *part, uint32_t head,
+                                                               uint32_t slot, float *dst) {
+  if (l.format != PKV_FORMAT_F16) return decode_row(l, part, head, slot, dst);
+  const uint8_t *src = part + l.data_at(head, slot);
+  for (uint32_t i = 0; i < l.head_dim; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 2 * i))));
+}
+
+// The same code for AVX2, FMA and F16C: the loops inlined here run 8 floats a vector and their
 // multiply-adds fuse (this file builds with -ffp-contract=fast: it quantizes nothing).
-__attribute__((target("avx2,fma"))) void attend_avx2(const ChunkTask &t) { attend<8>(t); }
+__attribute__((target("avx2,fma,f16c"))) void attend_avx2(const ChunkTask &t) { attend<8, decode_row_f16c>(t); }
+
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
 #endif
 
 } // namespace
@@ -135,7 +158,8 @@ AttendKernel attend_kernel(const char *want) {
   if (want && *want && !generic) return {nullptr, nullptr};
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {attend_avx2, "AVX2 + FMA"};
+  if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
+    return {attend_avx2, "AVX2 + FMA + F16C"};
 #endif
   return {attend_generic, "generic"};
 }
