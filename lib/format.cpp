@@ -57,13 +57,28 @@ void store_io(pkv_format f, const float *src, size_t n, void *dst) {
   }
 }
 
+namespace {
+
+// A float to an int as the GPU's conversion does it (towards zero, NaN to 0, beyond the range to its
+// end), so that non-finite rows quantize to the same defined bits on every backend: C++ leaves
+// those conversions undefined (and then shifted a negative nibble). Finite values of a block convert
+// well inside the range, as before.
+int to_int_rz(float x) {
+  if (x != x) return 0;
+  if (x >= 2147483648.0f) return INT32_MAX;
+  if (x <= -2147483648.0f) return INT32_MIN;
+  return int(x);
+}
+
+} // namespace
+
 void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
   float amax = 0.0f;
   for (uint32_t j = 0; j < kGroup; j++) amax = std::fmax(amax, std::fabs(x[j]));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_out = f32_to_f16(d);
-  for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(std::roundf(x[j] * id));
+  for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(to_int_rz(std::roundf(x[j] * id)));
 }
 
 void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
@@ -78,8 +93,8 @@ void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_out = f32_to_f16(d);
   for (uint32_t j = 0; j < kGroup / 2; j++) {
-    const int lo = std::min(15, int(x[j] * id + 8.5f));
-    const int hi = std::min(15, int(x[j + kGroup / 2] * id + 8.5f));
+    const int lo = std::min(15, to_int_rz(x[j] * id + 8.5f));
+    const int hi = std::min(15, to_int_rz(x[j + kGroup / 2] * id + 8.5f));
     q[j] = uint8_t(lo | (hi << 4));
   }
 }

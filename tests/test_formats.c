@@ -259,6 +259,45 @@ static void test_hand_vectors(void **state) {
   check_all_formats(x, 32);
 }
 
+/* Non-finite values quantize to defined bits (docs/api.md), the GPU's: a float converts to an integer
+ * with NaN to 0. A NaN in a block of finite values: the scale is the finite values' and its quant is
+ * Q8_0's 0, Q4_0's nibble 0 (in either half of the byte: the high half once shifted a negative
+ * value). An infinity: the scale is infinite (Q4_0: its sign negated), every other quant 0 (Q4_0:
+ * nibble 8), its own as a NaN's. */
+static void test_non_finite(void **state) {
+  (void)state;
+  const float inf = INFINITY;
+  for (int pos = 0; pos < 32; pos += 21) { /* low half, then high half of Q4_0's bytes */
+    float x[32];
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 12) * 0.25f; /* amax 4.75 (j = 31), max 4.75 */
+    unsigned char q8[34], q4[18];
+    x[pos] = NAN;
+    assert_int_equal(pkv_convert_from_f32(PKV_FORMAT_Q8_0, x, 32, q8), PKV_OK);
+    assert_int_equal(pkv_convert_from_f32(PKV_FORMAT_Q4_0, x, 32, q4), PKV_OK);
+    uint16_t d8, d4;
+    memcpy(&d8, q8, 2);
+    memcpy(&d4, q4, 2);
+    assert_int_equal(d8, tu_f32_to_f16(4.75f / 127.0f));
+    assert_int_equal(d4, tu_f32_to_f16(4.75f / -8.0f));
+    assert_int_equal(q8[2 + pos], 0);
+    assert_int_equal(pos < 16 ? q4[2 + pos] & 15 : q4[2 + pos - 16] >> 4, 0);
+    assert_int_equal((signed char)q8[2 + 31], 127); /* the finite values as before */
+    assert_int_equal(q4[2 + 15] >> 4, 0);         /* 4.75 / d4 + 8.5 = 0.5: nibble 0 */
+
+    x[pos] = pos ? -inf : inf;
+    assert_int_equal(pkv_convert_from_f32(PKV_FORMAT_Q8_0, x, 32, q8), PKV_OK);
+    assert_int_equal(pkv_convert_from_f32(PKV_FORMAT_Q4_0, x, 32, q4), PKV_OK);
+    memcpy(&d8, q8, 2);
+    memcpy(&d4, q4, 2);
+    assert_int_equal(d8, 0x7c00);             /* +inf */
+    assert_int_equal(d4, pos ? 0x7c00 : 0xfc00); /* max / -8 */
+    for (int j = 0; j < 32; j++) {
+      assert_int_equal(q8[2 + j], 0);
+      assert_int_equal(j < 16 ? q4[2 + j] & 15 : q4[2 + j - 16] >> 4, j == pos ? 0 : 8);
+    }
+  }
+}
+
 /* Random rows of random lengths and magnitudes. */
 static void test_random_rows(void **state) {
   (void)state;
@@ -508,6 +547,54 @@ static void run_pool_case(uint32_t head_dim, pkv_format kf, pkv_format vf, uint3
   pu_close(ctx, pool);
 }
 
+/* The backend's own quantization of non-finite rows (a GPU's scatter kernel, where there is one)
+ * against the host conversion's: the same quants, so rows read back as the host conversion gives
+ * them (NaN where it gives NaN; payloads may differ). */
+static void test_non_finite_pool(void **state) {
+  (void)state;
+  float rows[2][32], back[2][32], want[2][32];
+  unsigned char q8[34], q4[18];
+  for (int t = 0; t < 2; t++)
+    for (int j = 0; j < 32; j++) rows[t][j] = (float)(j - 12) * 0.25f;
+  rows[0][3] = NAN;
+  rows[0][21] = NAN;
+  rows[1][7] = -INFINITY;
+  pkv_pool_desc d = pu_desc(1, 1, 32, 4, 1, 1, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0);
+  pkv_context *ctx;
+  pkv_pool *pool;
+  pu_open(&d, &ctx, &pool);
+  pkv_seq seq;
+  const uint32_t n = 2;
+  assert_int_equal(pkv_seq_alloc(pool, &seq), PKV_OK);
+  assert_int_equal(pkv_append(pool, &seq, &n, 1), PKV_OK);
+  pkv_write_args w = PKV_WRITE_ARGS_INIT;
+  w.seqs = &seq;
+  w.n_tokens = &n;
+  w.count = 1;
+  w.k = w.v = rows;
+  assert_int_equal(pkv_write(pool, &w), PKV_OK);
+  for (int plane = 0; plane < 2; plane++) {
+    const pkv_format f = plane ? PKV_FORMAT_Q4_0 : PKV_FORMAT_Q8_0;
+    for (int t = 0; t < 2; t++) {
+      assert_int_equal(pkv_convert_from_f32(f, rows[t], 32, plane ? (void *)q4 : (void *)q8), PKV_OK);
+      assert_int_equal(pkv_convert_to_f32(f, plane ? (void *)q4 : (void *)q8, 32, want[t]), PKV_OK);
+    }
+    memset(back, 0x5a, sizeof back);
+    pkv_read_args r = PKV_READ_ARGS_INIT;
+    r.seq = seq;
+    r.count = 2;
+    if (plane) r.v = back;
+    else r.k = back;
+    assert_int_equal(pkv_read(pool, &r), PKV_OK);
+    for (int t = 0; t < 2; t++)
+      for (int j = 0; j < 32; j++)
+        if (isnan(want[t][j]) ? !isnan(back[t][j]) : memcmp(&want[t][j], &back[t][j], 4) != 0)
+          fail_msg("%s row %d value %d: read back %g, the host conversion gives %g", plane ? "q4_0" : "q8_0", t, j,
+                   (double)back[t][j], (double)want[t][j]);
+  }
+  pu_close(ctx, pool);
+}
+
 static void test_pool_round_trip(void **state) {
   (void)state;
   const uint32_t head_dims[4] = {32, 64, 128, 256};
@@ -524,6 +611,7 @@ int main(void) {
       cmocka_unit_test(test_row_bytes),        cmocka_unit_test(test_hand_vectors),
       cmocka_unit_test(test_random_rows),      cmocka_unit_test(test_half_rounding),
       cmocka_unit_test(test_bad_arguments),    cmocka_unit_test(test_pool_round_trip),
+      cmocka_unit_test(test_non_finite),       cmocka_unit_test(test_non_finite_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

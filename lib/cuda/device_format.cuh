@@ -99,6 +99,7 @@ __device__ __forceinline__ void store_group(const PkvPlane &pl, const PkvPool &p
       *scale = float_to_half(d);
       uint8_t *q = data + g * (kGroup / 2);
       for (uint32_t j = 0; j < kGroup / 2; j++) {
+        // int(): NaN to 0, saturating, as the host's to_int_rz (lib/format.cpp) for non-finite rows.
         const int lo = min(15, int(__fadd_rn(__fmul_rn(x[j], id), 8.5f)));
         const int hi = min(15, int(__fadd_rn(__fmul_rn(x[j + kGroup / 2], id), 8.5f)));
         q[j] = uint8_t(lo | (hi << 4));
