@@ -1,0 +1,177 @@
+/* Random calls, valid and not, on small pools of random shapes and formats: every call returns (no
+ * crash, and under the sanitizer build no report); a failed call says why and leaves the pool's
+ * statistics and every sequence's length as they were. Arguments are drawn to be wrong now and then:
+ * stale, zero or foreign handles, null arrays, layers and formats out of range, lengths past the
+ * pool, q_tokens past 8, q_heads not a multiple of kv_heads; rows and q hold random bits in their
+ * source format now and then (NaNs and infinities among them). test_bad_input names each bad input
+ * once; this mixes them with valid calls in random orders. PKV_TEST_SEED replays a run. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "poolutil.h"
+#include "testutil.h"
+
+enum { SEQS = 10, ROUNDS = 30, CALLS = 600, FLOATS = 1 << 18 };
+
+static tu_rng rng;
+static pkv_pool *pool;
+static pkv_seq seqs[SEQS]; /* zero where none: the zero handle is never valid */
+static float data[FLOATS];
+
+static uint32_t below(uint32_t n) { return tu_below(&rng, n); }
+static int now_and_then(void) { return below(12) == 0; }
+
+/* A handle of the test's, or now and then one damaged, zero or freed. */
+static pkv_seq some_seq(void) {
+  pkv_seq s = seqs[below(SEQS)];
+  if (now_and_then()) s.id ^= 1ull << below(64);
+  return s;
+}
+static pkv_format some_format(void) { return now_and_then() ? (pkv_format)below(9) : (pkv_format)(1 + below(3)); }
+
+/* n values for a row or q buffer: small floats, or now and then random bits (NaN, inf, anything). */
+static const void *values(size_t n) {
+  if (n > FLOATS) n = FLOATS;
+  const int bits = now_and_then();
+  for (size_t i = 0; i < n; i++) {
+    if (bits) {
+      const uint32_t u = (uint32_t)tu_next(&rng);
+      memcpy(&data[i], &u, 4);
+    } else {
+      data[i] = (float)tu_uniform(&rng, -2.0, 2.0);
+    }
+  }
+  return data;
+}
+
+typedef struct state {
+  pkv_pool_stats stats;
+  uint32_t len[SEQS];
+} state;
+
+static state take(void) {
+  state s;
+  s.stats = pu_stats(pool);
+  for (int i = 0; i < SEQS; i++)
+    if (pkv_seq_length(pool, seqs[i], &s.len[i]) != PKV_OK) s.len[i] = UINT32_MAX;
+  return s;
+}
+
+/* One random call; its status. */
+static pkv_status random_call(const pkv_pool_desc *d, float *out) {
+  const uint32_t i = below(SEQS), row = d->kv_heads * d->head_dim;
+  pkv_seq b[4];
+  uint32_t n[4], count = below(5), total = 0;
+  for (uint32_t k = 0; k < 4; k++) {
+    b[k] = some_seq();
+    n[k] = below(now_and_then() ? 5000 : 6);
+    total += k < count ? n[k] : 0;
+  }
+  switch (below(8)) {
+  case 0: {
+    pkv_seq s;
+    const pkv_status st = pkv_seq_alloc(pool, &s);
+    if (st == PKV_OK) {
+      pkv_seq_free(pool, seqs[i]); /* a failure here (a zero or freed handle) is checked below */
+      seqs[i] = s;
+    }
+    return st;
+  }
+  case 1: return pkv_seq_free(pool, some_seq());
+  case 2: {
+    pkv_seq s;
+    const pkv_status st = pkv_seq_fork(pool, some_seq(), &s);
+    if (st == PKV_OK) {
+      pkv_seq_free(pool, seqs[i]);
+      seqs[i] = s;
+    }
+    return st;
+  }
+  case 3: return pkv_seq_truncate(pool, some_seq(), below(60));
+  case 4: return pkv_append(pool, now_and_then() ? NULL : b, now_and_then() ? NULL : n, count);
+  case 5: {
+    pkv_write_args a = PKV_WRITE_ARGS_INIT;
+    a.layer = below(d->layers + 1);
+    a.seqs = b;
+    a.n_tokens = n;
+    a.count = count;
+    a.src_format = some_format();
+    if ((size_t)total * row > FLOATS / 2) return PKV_OK; /* larger than the buffer: not drawn */
+    a.k = now_and_then() ? NULL : values((size_t)total * row);
+    a.v = a.k ? a.k : data;
+    return pkv_write(pool, &a);
+  }
+  case 6: {
+    pkv_read_args a = PKV_READ_ARGS_INIT;
+    a.layer = below(d->layers + 1);
+    a.seq = some_seq();
+    a.start = below(40);
+    a.count = below(40);
+    a.dst_format = some_format();
+    a.k = below(4) ? out : NULL;
+    a.v = below(4) ? out + FLOATS / 2 : NULL;
+    return pkv_read(pool, &a);
+  }
+  default: {
+    pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+    a.layer = below(d->layers + 1);
+    a.seqs = now_and_then() ? NULL : b;
+    a.count = count;
+    a.q_heads = d->kv_heads * below(5) + (now_and_then() ? 1 : 0);
+    a.q_tokens = now_and_then() ? below(12) : 1 + below(3);
+    a.q_format = some_format();
+    a.out_format = some_format();
+    a.chunk_pages = below(3) ? 0 : below(4);
+    a.scale = now_and_then() ? NAN : 0.0f;
+    const size_t q = (size_t)count * a.q_tokens * a.q_heads * d->head_dim;
+    if (2 * q + (size_t)count * a.q_tokens * a.q_heads > FLOATS) return PKV_OK; /* not drawn */
+    a.q = now_and_then() ? NULL : values(q);
+    a.out = now_and_then() ? NULL : out;
+    a.lse = below(2) ? out + q : NULL;
+    return below(4) ? pkv_decode(pool, &a) : pkv_decode_prepare(pool, &a);
+  }
+  }
+}
+
+static void random_calls(void **s) {
+  (void)s;
+  rng = tu_rng_make(tu_seed() ^ 0x5eed5eedull);
+  float *out = malloc(FLOATS * sizeof *out);
+  assert_non_null(out);
+  for (int round = 0; round < ROUNDS; round++) {
+    const pkv_format formats[5] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0};
+    pkv_pool_desc d = pu_desc(1 + below(3), 1 + below(3), 32 * (1 + below(4)), 1u << below(6), 1 + below(40),
+                              1 + below(SEQS), formats[below(5)], formats[below(5)]);
+    d.max_sequence_length = below(3) ? 0 : below(300);
+    d.page_order_seed = below(2);
+    pkv_context *ctx;
+    pu_open(&d, &ctx, &pool);
+    memset(seqs, 0, sizeof seqs);
+    for (int call = 0; call < CALLS; call++) {
+      const state before = take();
+      const pkv_status st = random_call(&d, out);
+      if (st == PKV_OK) continue;
+      if (!pkv_last_error()[0]) fail_msg("round %d call %d: %s with no error text", round, call, pkv_status_string(st));
+      const state after = take();
+      pu_assert_stats_equal(&after.stats, &before.stats);
+      for (int i = 0; i < SEQS; i++)
+        if (after.len[i] != before.len[i])
+          fail_msg("round %d call %d failed (%s) but sequence %d's length went from %u to %u", round, call,
+                   pkv_last_error(), i, before.len[i], after.len[i]);
+    }
+    pu_close(ctx, pool);
+  }
+  free(out);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(random_calls)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
