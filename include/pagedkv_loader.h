@@ -52,7 +52,6 @@ typedef struct pkv_loader {
 extern "C" {
 #endif
 
-/* Writes "pkv_loader_open: <what>: <the OS's error text>" into loader->error. */
 /* Formats loader->error, cut at its size: a long path shortens the message. (Through vsnprintf: GCC
  * warned of the possible truncation at every snprintf call, in the programs that include this.) */
 #if defined(__GNUC__)
@@ -65,6 +64,7 @@ static inline void pkv_loader_message_(pkv_loader *loader, const char *format, .
   va_end(args);
 }
 
+/* Writes "pkv_loader_open: <what>: <the OS's error text>" into loader->error. */
 static inline void pkv_loader_fail_(pkv_loader *loader, const char *what, const char *path) {
 #if defined(_WIN32)
   char os[256];

@@ -59,10 +59,10 @@ void store_io(pkv_format f, const float *src, size_t n, void *dst) {
 
 namespace {
 
-// A float to an int as the GPU's conversion does it (towards zero, NaN to 0, beyond the range to its
-// end), so that non-finite rows quantize to the same defined bits on every backend: C++ leaves
-// those conversions undefined (and then shifted a negative nibble). Finite values of a block convert
-// well inside the range, as before.
+// A float to an int as PTX's cvt does it in the CUDA kernels (towards zero, NaN to 0, beyond the
+// range to its end), so that non-finite rows quantize to defined bits, the GPU's: C++ leaves those
+// conversions undefined (and then shifted a negative nibble). Finite values of a block convert well
+// inside the range, as before.
 int to_int_rz(float x) {
   if (x != x) return 0;
   if (x >= 2147483648.0f) return INT32_MAX;

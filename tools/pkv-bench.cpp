@@ -64,7 +64,8 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// MinGW formats through its own C99 printf, which its gcc checks as gnu_printf (as lib/error.hpp).
+// MinGW formats through its own C99 printf, which its gcc checks as gnu_printf (lib/error.hpp's
+// PKV_PRINTF_LIKE does the same; this program uses the public API only, so it says it again).
 #if defined(__MINGW32__)
 std::string strf(const char *fmt, ...) __attribute__((format(__MINGW_PRINTF_FORMAT, 1, 2)));
 #else
