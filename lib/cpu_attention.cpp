@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "format.hpp"
 
@@ -36,32 +38,74 @@ template <int W> PKV_ALWAYS_INLINE Floats<W> load(const float *p) {
 
 template <int W> PKV_ALWAYS_INLINE void store(float *p, Floats<W> v) { std::memcpy(p, &v, sizeof v); }
 
-// Two vectors of partial sums (two dependency chains), added lane by lane at the end; head_dim is a
-// multiple of 32. (Written out: the compiler does not reorder a float sum into vector lanes itself.)
-template <int W> PKV_ALWAYS_INLINE float dot(const float *a, const float *b, uint32_t n) {
-  Floats<W> s0 = {}, s1 = {};
-  for (const float *end = a + n; a < end; a += 2 * W, b += 2 * W) {
-    s0 += load<W>(a) * load<W>(b);
-    s1 += load<W>(a + W) * load<W>(b + W);
-  }
-  const Floats<W> s = s0 + s1;
-  float sum = 0.0f;
-  for (int j = 0; j < W; j++) sum += s[j];
-  return sum;
+// Pairwise sums within each 4-lane block, as x86's haddps: lanes 4b, 4b + 1 of the result are x's
+// lanes 4b + {0, 1} and 4b + {2, 3} summed, lanes 4b + 2, 4b + 3 y's likewise.
+template <int W, std::size_t... I>
+PKV_ALWAYS_INLINE Floats<W> hadd(Floats<W> x, Floats<W> y, std::index_sequence<I...>) {
+  return __builtin_shufflevector(x, y, ((I % 4 < 2 ? 0 : W) + 4 * (I / 4) + 2 * (I % 2))...) +
+         __builtin_shufflevector(x, y, ((I % 4 < 2 ? 0 : W) + 4 * (I / 4) + 2 * (I % 2) + 1)...);
+}
+template <int W> PKV_ALWAYS_INLINE Floats<W> hadd(Floats<W> x, Floats<W> y) {
+  return hadd<W>(x, y, std::make_index_sequence<W>());
 }
 
-// acc = acc * correction + the sum of w[i] v_i over n rows v_i of D values (D apart): 4 W values of
-// acc at a time, held in registers over all the rows.
-template <int W>
-PKV_ALWAYS_INLINE void accumulate(float *acc, float correction, const float *w, const float *v, uint32_t n,
+// out[i] = the sum of v[i]'s lanes, for 8 vectors: two rounds of hadd leave each 4-lane block
+// holding one lane of each of 4 vectors' sums; with 8 lanes the two blocks are added.
+template <int W> PKV_ALWAYS_INLINE void lane_sums(const Floats<W> (&v)[8], float *out) {
+  static_assert(W == 4 || W == 8, "4-lane blocks");
+  for (int h = 0; h < 8 / W; h++) {
+    const Floats<W> *u = v + 4 * h;
+    Floats<W> s = hadd<W>(hadd<W>(u[0], u[1]), hadd<W>(u[2], u[3]));
+    if constexpr (W == 8) {
+      const Floats<W> t = hadd<W>(hadd<W>(u[4], u[5]), hadd<W>(u[6], u[7]));
+      s = __builtin_shufflevector(s, t, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(s, t, 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    store<W>(out + 4 * h, s);
+  }
+}
+
+// Scores of R query rows (D apart) against keys [0, n) rounded up to 8 / R (the buffer's rows past n
+// hold leftovers the caller ignores): out[j * kTokenBlock + i] = q_j . key_i. Eight sums at
+// once, R rows times 8 / R keys, so that a load serves several multiply-adds and eight chains
+// hide their latency; head_dim is a multiple of 32.
+template <int W, int R>
+PKV_ALWAYS_INLINE void score_block(const float *q, const float *keys, uint32_t n, uint32_t D, float *out) {
+  constexpr int KB = 8 / R;
+  for (uint32_t i0 = 0; i0 < n; i0 += KB) {
+    Floats<W> s[8] = {};
+    for (uint32_t d = 0; d < D; d += W) {
+      Floats<W> qv[R];
+      for (int j = 0; j < R; j++) qv[j] = load<W>(q + j * D + d);
+      for (int k = 0; k < KB; k++) {
+        const Floats<W> kv = load<W>(keys + (i0 + k) * D + d);
+        for (int j = 0; j < R; j++) s[j * KB + k] += qv[j] * kv;
+      }
+    }
+    float sums[8];
+    lane_sums<W>(s, sums);
+    for (int j = 0; j < R; j++)
+      for (int k = 0; k < KB; k++) out[j * kTokenBlock + i0 + k] = sums[j * KB + k];
+  }
+}
+
+// acc_j = acc_j * correction_j + the sum of w_j[i] v_i over n rows v_i of D values (D apart), for R
+// rows (acc and w kTokenBlock and D apart): 4 W values of each at a time, held in registers over all
+// the rows, each V load serving the R rows.
+template <int W, int R>
+PKV_ALWAYS_INLINE void accumulate(float *acc, const float *correction, const float *w, const float *v, uint32_t n,
                                   uint32_t D) {
   for (uint32_t d = 0; d < D; d += 4 * W) {
-    Floats<W> a[4];
-    for (int k = 0; k < 4; k++) a[k] = load<W>(acc + d + k * W) * correction;
+    Floats<W> a[R][4];
+    for (int j = 0; j < R; j++)
+      for (int k = 0; k < 4; k++) a[j][k] = load<W>(acc + j * D + d + k * W) * correction[j];
     const float *row = v + d;
     for (uint32_t i = 0; i < n; i++, row += D)
-      for (int k = 0; k < 4; k++) a[k] += w[i] * load<W>(row + k * W);
-    for (int k = 0; k < 4; k++) store<W>(acc + d + k * W, a[k]);
+      for (int k = 0; k < 4; k++) {
+        const Floats<W> vv = load<W>(row + k * W);
+        for (int j = 0; j < R; j++) a[j][k] += w[j * kTokenBlock + i] * vv;
+      }
+    for (int j = 0; j < R; j++)
+      for (int k = 0; k < 4; k++) store<W>(acc + j * D + d + k * W, a[j][k]);
   }
 }
 
@@ -83,7 +127,7 @@ template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTas
   values.resize(size_t(kTokenBlock) * D);
   m.assign(rows, neg_inf);
   l.assign(rows, 0.0f);
-  scores.resize(kTokenBlock);
+  scores.resize(2 * kTokenBlock);
 
   const size_t q_elem = io_elem_bytes(b.q_format);
   for (uint32_t tok = 0; tok < b.q_tokens; tok++) {
@@ -100,25 +144,45 @@ template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTas
       Decode(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
       Decode(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
     }
-    for (uint32_t r = 0; r < rows; r++) {
-      // The row sees the block's first nv tokens: positions below length - q_tokens + its token + 1.
+    // Row r sees the block's first seen(r) tokens: positions below length - q_tokens + its token + 1.
+    auto seen = [&](uint32_t r) {
       const uint32_t visible = b.lengths[s] - b.q_tokens + r / group + 1;
-      if (visible <= t0) continue;
-      const uint32_t nv = std::min(n, visible - t0);
+      return visible <= t0 ? 0 : std::min(n, visible - t0);
+    };
+    // Rows r .. r + R - 1, each seeing nv tokens: scores, the online softmax, then the weighted V rows.
+    auto update = [&](uint32_t r, uint32_t nv, auto rows_at_once) {
+      constexpr int R = decltype(rows_at_once)::value;
       float *p = scores.data();
-      float block_max = neg_inf;
-      for (uint32_t i = 0; i < nv; i++) {
-        p[i] = b.scale * dot<W>(&q[size_t(r) * D], &keys[size_t(i) * D], D);
-        block_max = std::max(block_max, p[i]);
+      score_block<W, R>(&q[size_t(r) * D], keys.data(), nv, D, p);
+      float correction[R];
+      bool live = false;
+      for (int j = 0; j < R; j++) {
+        float *pj = p + j * kTokenBlock;
+        float block_max = neg_inf;
+        for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= b.scale);
+        if (block_max == neg_inf) { // nothing finite to weigh (the row's m may still be -inf)
+          correction[j] = 1.0f;
+          std::fill(pj, pj + nv, 0.0f);
+          continue;
+        }
+        live = true;
+        const float m_new = std::max(m[r + j], block_max);
+        correction[j] = std::exp(m[r + j] - m_new); // 0 on the first visible block (m = -inf)
+        float sum = 0.0f;
+        for (uint32_t i = 0; i < nv; i++) sum += pj[i] = std::exp(pj[i] - m_new);
+        l[r + j] = l[r + j] * correction[j] + sum;
+        m[r + j] = m_new;
       }
-      if (block_max == neg_inf) continue;
-      const float m_new = std::max(m[r], block_max);
-      const float correction = std::exp(m[r] - m_new); // 0 on the first visible block (m = -inf)
-      float sum = 0.0f;
-      for (uint32_t i = 0; i < nv; i++) sum += p[i] = std::exp(p[i] - m_new);
-      l[r] = l[r] * correction + sum;
-      accumulate<W>(&acc[size_t(r) * D], correction, p, values.data(), nv, D);
-      m[r] = m_new;
+      if (live) accumulate<W, R>(&acc[size_t(r) * D], correction, p, values.data(), nv, D);
+    };
+    // Rows in pairs where both see as many tokens: all but a pair straddling two speculative tokens
+    // in the block where the first one's visible positions end.
+    for (uint32_t r = 0; r < rows;) {
+      const uint32_t nv = seen(r);
+      const bool pair = r + 1 < rows && seen(r + 1) == nv;
+      if (nv > 0 && pair) update(r, nv, std::integral_constant<int, 2>());
+      else if (nv > 0) update(r, nv, std::integral_constant<int, 1>());
+      r += pair ? 2 : 1;
     }
   }
   for (uint32_t r = 0; r < rows; r++) {
