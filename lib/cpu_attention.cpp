@@ -109,6 +109,14 @@ PKV_ALWAYS_INLINE void accumulate(float *acc, const float *correction, const flo
   }
 }
 
+// Asks for the row of `head` at `slot`, and its scales, to come into the L2 cache (locality 1: on
+// x86 prefetcht2; prefetching into L1 measured slower, docs/perf/2026-12-04-cpu-f16c.md).
+PKV_ALWAYS_INLINE void prefetch_row(const uint8_t *part, const PlaneLayout &l, uint32_t head, uint32_t slot) {
+  const uint8_t *row = part + l.data_at(head, slot);
+  for (uint32_t o = 0; o < l.row_data_bytes; o += 64) __builtin_prefetch(row + o, 0, 1);
+  if (l.row_scale_bytes) __builtin_prefetch(part + l.scale_at(head, slot), 0, 1);
+}
+
 // How a variant reads one page row into floats (decode_row's signature).
 using RowDecoder = void (*)(const PlaneLayout &, const uint8_t *, uint32_t, uint32_t, float *);
 
@@ -143,6 +151,12 @@ template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTas
       const uint32_t page = pages[(t0 + i) / g.page_size], slot = (t0 + i) % g.page_size;
       Decode(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
       Decode(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
+    }
+    // The next block's rows, while this one computes.
+    for (uint32_t i = t0 + kTokenBlock; i < std::min(t0 + 2 * kTokenBlock, t.chunk->token_end); i++) {
+      const uint32_t page = pages[i / g.page_size], slot = i % g.page_size;
+      prefetch_row(host(g.k_part(b.layer, page)), g.k, t.kv_head, slot);
+      prefetch_row(host(g.v_part(b.layer, page)), g.v, t.kv_head, slot);
     }
     // Row r sees the block's first seen(r) tokens: positions below length - q_tokens + its token + 1.
     auto seen = [&](uint32_t r) {
