@@ -25,7 +25,8 @@ constexpr uint32_t kRowsPerItem = 64; // rows one scatter/gather work item conve
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(uint32_t threads, AttendKernel attend) : attend_(attend), workers_(threads), scratch_(workers_.threads()) {}
+  CpuBackend(uint32_t threads, AttendKernel attend)
+      : attend_(attend), workers_(threads), scratch_(workers_.threads()), row_(workers_.threads()) {}
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
   uint32_t workers(const PoolGeometry &, uint32_t) override { return workers_.threads(); }
@@ -96,13 +97,14 @@ class CpuBackend final : public Backend {
     const DecodePlan &plan = *b.plan;
     const uint32_t D = g.head_dim, rows = b.q_tokens * (b.q_heads / g.kv_heads);
     const size_t items = plan.chunks.size() * g.kv_heads;
-    std::vector<float> part_out(items * rows * D), part_lse(items * rows);
+    part_out_.resize(items * rows * D);
+    part_lse_.resize(items * rows);
     workers_.run(uint32_t(items), [&](uint32_t item, uint32_t worker) {
       ChunkTask t{&g, &b, &plan.chunks[item / g.kv_heads], item % g.kv_heads,
-                  &part_out[size_t(item) * rows * D], &part_lse[size_t(item) * rows], &scratch_[worker]};
+                  &part_out_[size_t(item) * rows * D], &part_lse_[size_t(item) * rows], &scratch_[worker]};
       attend_.run(t);
     });
-    workers_.run(b.count, [&](uint32_t s, uint32_t) { merge(g, b, part_out, part_lse, s); });
+    workers_.run(b.count, [&](uint32_t s, uint32_t worker) { merge(g, b, part_out_, part_lse_, s, row_[worker]); });
   }
 
   void synchronize() override {}
@@ -142,8 +144,9 @@ class CpuBackend final : public Backend {
   template <class Fn> void for_rows(const PoolGeometry &g, const RowTransfer &a, Fn fn) {
     const size_t stride = size_t(g.head_dim) * io_elem_bytes(a.format);
     const uint32_t items = (a.rows + kRowsPerItem - 1) / kRowsPerItem;
-    workers_.run(items, [&](uint32_t item, uint32_t) {
-      std::vector<float> row(g.head_dim);
+    workers_.run(items, [&](uint32_t item, uint32_t worker) {
+      std::vector<float> &row = row_[worker];
+      row.resize(g.head_dim);
       const uint32_t end = std::min(a.rows, (item + 1) * kRowsPerItem);
       for (uint32_t r = item * kRowsPerItem; r < end; r++) fn(r, row.data(), stride);
     });
@@ -152,12 +155,12 @@ class CpuBackend final : public Backend {
   // Combines sequence s's chunk partials through their log-sum-exp and writes out and lse. A chunk
   // a row sees nothing of has lse -inf and weighs nothing.
   static void merge(const PoolGeometry &g, const DecodeBatch &b, const std::vector<float> &part_out,
-                    const std::vector<float> &part_lse, uint32_t s) {
+                    const std::vector<float> &part_lse, uint32_t s, std::vector<float> &row) {
     const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, rows = b.q_tokens * group;
     const uint32_t c0 = b.plan->seq_chunks[s], c1 = b.plan->seq_chunks[s + 1];
     const size_t out_elem = io_elem_bytes(b.out_format);
     const float neg_inf = -std::numeric_limits<float>::infinity();
-    std::vector<float> row(D);
+    row.resize(D);
     for (uint32_t tok = 0; tok < b.q_tokens; tok++) {
       for (uint32_t qh = 0; qh < b.q_heads; qh++) {
         const uint32_t h = qh / group, r = tok * group + qh % group;
@@ -185,7 +188,11 @@ class CpuBackend final : public Backend {
 
   AttendKernel attend_;
   WorkerPool workers_;
-  std::vector<AttendScratch> scratch_; // one a worker thread
+  // Kept between calls, so that once warm a decode, a scatter or a gather allocates nothing (each
+  // call's backend work holds the context's lock: docs/api.md, Threads).
+  std::vector<AttendScratch> scratch_;    // one a worker thread
+  std::vector<std::vector<float>> row_;   // one a worker thread: a row of head_dim floats
+  std::vector<float> part_out_, part_lse_; // the chunks' partial results
   uint64_t bandwidth_sink_ = 0;
   std::mutex mu_;
   std::unordered_map<DevPtr, void *> blocks_;
