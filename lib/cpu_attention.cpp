@@ -10,7 +10,6 @@
 #include "format.hpp"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -223,10 +222,6 @@ __attribute__((target("avx2,fma,f16c"))) void decode_row_f16c(const PlaneLayout 
 // multiply-adds fuse (this file builds with -ffp-contract=fast: it quantizes nothing).
 __attribute__((target("avx2,fma,f16c"))) void attend_avx2(const ChunkTask &t) { attend<8, decode_row_f16c>(t); }
 
-bool has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
 #endif
 
 } // namespace

@@ -52,14 +52,19 @@ bool is_page_format(pkv_format f); // every format a page may hold
 inline bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
 size_t io_elem_bytes(pkv_format f);
 
+// x86-64: whether the processor (and the OS, for AVX's registers) runs F16C's conversions.
+bool has_f16c();
+
+// n F16 values to floats: by F16C where has_f16c(), else f16_to_f32 (the same floats; a signalling
+// NaN may come out quiet).
+void load_f16(const uint8_t *src, size_t n, float *dst);
+
 // n values between F32 and an I/O format.
 inline void load_io(pkv_format f, const void *src, size_t n, float *dst) {
   const auto *p = static_cast<const uint8_t *>(src);
   switch (f) {
   case PKV_FORMAT_F32: std::memcpy(dst, src, n * 4); break;
-  case PKV_FORMAT_F16:
-    for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(load16(p + 2 * i));
-    break;
+  case PKV_FORMAT_F16: load_f16(p, n, dst); break;
   default:
     for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(load16(p + 2 * i));
     break;
