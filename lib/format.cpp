@@ -135,15 +135,27 @@ int to_int_rz(float x) {
   return int(x);
 }
 
+// to_int_rz(std::roundf(x)) (ties away from zero) without a library call a value: from 2^23 on a
+// float is an integer already; below, x minus its truncation is exact.
+int round_to_int(float x) {
+  const int i = to_int_rz(x);
+  if (!(std::fabs(x) < 8388608.0f)) return i; // NaN too
+  const float r = x - float(i);
+  return i + (r >= 0.5f) - (r <= -0.5f);
+}
+
 } // namespace
 
 void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
   float amax = 0.0f;
-  for (uint32_t j = 0; j < kGroup; j++) amax = std::fmax(amax, std::fabs(x[j]));
+  for (uint32_t j = 0; j < kGroup; j++) {
+    const float a = std::fabs(x[j]);
+    amax = a > amax ? a : amax; // as std::fmax: a NaN is passed over
+  }
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_out = f32_to_f16(d);
-  for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(to_int_rz(std::roundf(x[j] * id)));
+  for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(round_to_int(x[j] * id));
 }
 
 void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
