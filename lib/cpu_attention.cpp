@@ -28,6 +28,10 @@ template <int W> struct Lanes {
   typedef float type __attribute__((vector_size(4 * W)));
 };
 template <int W> using Floats = typename Lanes<W>::type;
+template <int W> struct IntLanes {
+  typedef int32_t type __attribute__((vector_size(4 * W)));
+};
+template <int W> using Ints = typename IntLanes<W>::type;
 
 template <int W> PKV_ALWAYS_INLINE Floats<W> load(const float *p) {
   Floats<W> v;
@@ -108,6 +112,42 @@ PKV_ALWAYS_INLINE void accumulate(float *acc, const float *correction, const flo
   }
 }
 
+// e^x lane by lane for x <= 0 or NaN (scores minus their row's maximum): 2^n e^r with n = x / ln 2
+// rounded (by adding 1.5 * 2^23, whose low bits then hold n) and |r| <= ln 2 / 2 (ln 2 in two parts,
+// the first of 9 bits so that n times it is exact), e^r by Cephes's degree-7 polynomial: within 1e-7
+// relative of e^x (measured over [-87, 0]); below -87, where e^x nears the smallest normal float, 0.
+template <int W> PKV_ALWAYS_INLINE Floats<W> exp_nonpositive(Floats<W> x) {
+  const Floats<W> floor = Floats<W>{} - 87.0f;
+  const Floats<W> c = x < floor ? floor : x; // NaN stays
+  const Floats<W> t = c * 1.44269504f + 12582912.0f, n = t - 12582912.0f;
+  const Floats<W> r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  Floats<W> e = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  e = e * r + 8.3334519073e-3f;
+  e = e * r + 4.1665795894e-2f;
+  e = e * r + 1.6666665459e-1f;
+  e = e * r + 5.0000001201e-1f;
+  e = e * r * r + r + 1.0f;
+  // A vector cast keeps the bits: t's as integers, then 2^n's as floats.
+  const Ints<W> two_n = (((Ints<W>)t - 0x4B400000) + 127) << 23;
+  e *= (Floats<W>)two_n;
+  return x < floor ? Floats<W>{} : e;
+}
+
+// p[i] = e^(p[i] - top) for i < n (the row's softmax weights, in place), and their sum; p has room
+// for n rounded up to W.
+template <int W> PKV_ALWAYS_INLINE float weights(float *p, uint32_t n, float top) {
+  for (uint32_t i = n; i % W != 0; i++) p[i] = -std::numeric_limits<float>::infinity(); // weigh 0
+  Floats<W> sum = {};
+  for (uint32_t i = 0; i < n; i += W) {
+    const Floats<W> e = exp_nonpositive<W>(load<W>(p + i) - top);
+    store<W>(p + i, e);
+    sum += e;
+  }
+  float total = 0.0f;
+  for (int j = 0; j < W; j++) total += sum[j];
+  return total;
+}
+
 // Asks for the row of `head` at `slot`, and its scales, to come into the L2 cache (locality 1: on
 // x86 prefetcht2; prefetching into L1 measured slower, docs/perf/2026-12-04-cpu-f16c.md).
 PKV_ALWAYS_INLINE void prefetch_row(const uint8_t *part, const PlaneLayout &l, uint32_t head, uint32_t slot) {
@@ -181,9 +221,7 @@ template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTas
         live = true;
         const float m_new = std::max(m[r + j], block_max);
         correction[j] = std::exp(m[r + j] - m_new); // 0 on the first visible block (m = -inf)
-        float sum = 0.0f;
-        for (uint32_t i = 0; i < nv; i++) sum += pj[i] = std::exp(pj[i] - m_new);
-        l[r + j] = l[r + j] * correction[j] + sum;
+        l[r + j] = l[r + j] * correction[j] + weights<W>(pj, nv, m_new);
         m[r + j] = m_new;
       }
       if (live) accumulate<W, R>(&acc[size_t(r) * D], correction, p, values.data(), nv, D);
