@@ -1,6 +1,7 @@
 #include "format.hpp"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -135,13 +136,23 @@ int to_int_rz(float x) {
   return int(x);
 }
 
-// to_int_rz(std::roundf(x)) (ties away from zero) without a library call a value: from 2^23 on a
-// float is an integer already; below, x minus its truncation is exact.
-int round_to_int(float x) {
-  const int i = to_int_rz(x);
-  if (!(std::fabs(x) < 8388608.0f)) return i; // NaN too
+// Rounds half away from zero, for |x| < 2^31: x minus its truncation is exact.
+int round_near(float x) {
+  const int i = int(x);
   const float r = x - float(i);
   return i + (r >= 0.5f) - (r <= -0.5f);
+}
+
+// to_int_rz(std::roundf(x)) without a library call: from 2^23 on a float is an integer already.
+int round_to_int(float x) { return std::fabs(x) < 8388608.0f ? round_near(x) : to_int_rz(x); }
+
+// Whether a group's values times id convert without to_int_rz's guards: all finite, id too (a
+// subnormal scale makes it infinite), so the products lie within a few units of the group's range.
+// The loops of such groups are the ones the compiler vectorises.
+bool plain_group(const float *x, float id) {
+  bool finite = std::fabs(id) <= FLT_MAX;
+  for (uint32_t j = 0; j < kGroup; j++) finite &= std::fabs(x[j]) <= FLT_MAX;
+  return finite;
 }
 
 } // namespace
@@ -155,7 +166,11 @@ void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_out = f32_to_f16(d);
-  for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(round_to_int(x[j] * id));
+  auto quants = [&](auto round) {
+    for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(round(x[j] * id));
+  };
+  if (plain_group(x, id)) quants([](float v) { return round_near(v); });
+  else quants([](float v) { return round_to_int(v); });
 }
 
 void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
@@ -169,11 +184,15 @@ void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
   const float d = max / -8.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_out = f32_to_f16(d);
-  for (uint32_t j = 0; j < kGroup / 2; j++) {
-    const int lo = std::min(15, to_int_rz(x[j] * id + 8.5f));
-    const int hi = std::min(15, to_int_rz(x[j + kGroup / 2] * id + 8.5f));
-    q[j] = uint8_t(lo | (hi << 4));
-  }
+  auto quants = [&](auto truncate) {
+    for (uint32_t j = 0; j < kGroup / 2; j++) {
+      const int lo = std::min(15, truncate(x[j] * id + 8.5f));
+      const int hi = std::min(15, truncate(x[j + kGroup / 2] * id + 8.5f));
+      q[j] = uint8_t(lo | (hi << 4));
+    }
+  };
+  if (plain_group(x, id)) quants([](float v) { return int(v); });
+  else quants([](float v) { return to_int_rz(v); });
 }
 
 namespace {
