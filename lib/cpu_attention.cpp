@@ -156,11 +156,8 @@ PKV_ALWAYS_INLINE void prefetch_row(const uint8_t *part, const PlaneLayout &l, u
   if (l.row_scale_bytes) __builtin_prefetch(part + l.scale_at(head, slot), 0, 1);
 }
 
-// How a variant reads one page row into floats (decode_row's signature).
-using RowDecoder = void (*)(const PlaneLayout &, const uint8_t *, uint32_t, uint32_t, float *);
-
-// W: floats a vector; Decode: the page rows' conversion.
-template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
+// W: floats a vector.
+template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
   const PoolGeometry &g = *t.g;
   const DecodeBatch &b = *t.b;
   const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq, rows = b.q_tokens * group;
@@ -188,8 +185,8 @@ template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTas
     const uint32_t n = std::min(kTokenBlock, t.chunk->token_end - t0);
     for (uint32_t i = 0; i < n; i++) {
       const uint32_t page = pages[(t0 + i) / g.page_size], slot = (t0 + i) % g.page_size;
-      Decode(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
-      Decode(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
+      decode_row(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
+      decode_row(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
     }
     // The next block's rows, while this one computes.
     for (uint32_t i = t0 + kTokenBlock; i < std::min(t0 + 2 * kTokenBlock, t.chunk->token_end); i++) {
@@ -243,22 +240,12 @@ template <int W, RowDecoder Decode> PKV_ALWAYS_INLINE void attend(const ChunkTas
   }
 }
 
-void attend_generic(const ChunkTask &t) { attend<4, decode_row>(t); }
+void attend_generic(const ChunkTask &t) { attend<4>(t); }
 
 #if defined(__x86_64__)
-// F16 rows through F16C, 8 values an instruction (exact, as f16_to_f32's ten or so: F16 rows 3-15%
-// faster, docs/perf/2026-12-04-cpu-f16c.md); other formats as decode_row.
-__attribute__((target("avx2,fma,f16c"))) void decode_row_f16c(const PlaneLayout &l, const uint8_t *part, uint32_t head,
-                                                               uint32_t slot, float *dst) {
-  if (l.format != PKV_FORMAT_F16) return decode_row(l, part, head, slot, dst);
-  const uint8_t *src = part + l.data_at(head, slot);
-  for (uint32_t i = 0; i < l.head_dim; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 2 * i))));
-}
-
 // The same code for AVX2, FMA and F16C: the loops inlined here run 8 floats a vector and their
 // multiply-adds fuse (this file builds with -ffp-contract=fast: it quantizes nothing).
-__attribute__((target("avx2,fma,f16c"))) void attend_avx2(const ChunkTask &t) { attend<8, decode_row_f16c>(t); }
+__attribute__((target("avx2,fma,f16c"))) void attend_avx2(const ChunkTask &t) { attend<8>(t); }
 
 #endif
 
