@@ -243,9 +243,9 @@ template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
 void attend_generic(const ChunkTask &t) { attend<4>(t); }
 
 #if defined(__x86_64__)
-// The same code for AVX2, FMA and F16C: the loops inlined here run 8 floats a vector and their
+// The same code for AVX2 and FMA: the loops inlined here run 8 floats a vector and their
 // multiply-adds fuse (this file builds with -ffp-contract=fast: it quantizes nothing).
-__attribute__((target("avx2,fma,f16c"))) void attend_avx2(const ChunkTask &t) { attend<8>(t); }
+__attribute__((target("avx2,fma"))) void attend_avx2(const ChunkTask &t) { attend<8>(t); }
 
 #endif
 
@@ -256,8 +256,8 @@ AttendKernel attend_kernel(const char *want) {
   if (want && *want && !generic) return {nullptr, nullptr};
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
-    return {attend_avx2, "AVX2 + FMA + F16C"};
+  if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return {attend_avx2, "AVX2 + FMA"};
 #endif
   return {attend_generic, "generic"};
 }

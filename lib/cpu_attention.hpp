@@ -1,6 +1,6 @@
 // The CPU backend's decode of one chunk for one KV head: online softmax over blocks of tokens, every
 // query row of the KV head's group against each K/V row decoded once. Compiled twice: for any
-// processor of the target, and (x86-64, GCC or Clang) for AVX2 with FMA and F16C, taken at run time
+// processor of the target, and (x86-64, GCC or Clang) for AVX2 with FMA, taken at run time
 // where the processor has them.
 #pragma once
 
@@ -34,7 +34,7 @@ struct ChunkTask {
 
 struct AttendKernel {
   void (*run)(const ChunkTask &task);
-  const char *name; // "AVX2 + FMA + F16C" or "generic"
+  const char *name; // "AVX2 + FMA" or "generic"
 };
 
 // The variant for `want`, PKV_CPU_KERNEL's value: null or empty, the widest this processor runs;

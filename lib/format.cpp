@@ -81,6 +81,13 @@ __attribute__((target("avx,f16c"))) void store_f16_f16c(const float *src, size_t
   }
   store_f16_portable(src + i, n - i, dst + 2 * i);
 }
+
+// Whether the processor (and the OS, for AVX's registers) runs F16C's conversions.
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
 #endif
 
 struct F16Rows {
@@ -99,16 +106,6 @@ const F16Rows &f16_rows() {
 }
 
 } // namespace
-
-bool has_f16c() {
-#if defined(__x86_64__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-#else
-  return false;
-#endif
-}
 
 void load_f16(const uint8_t *src, size_t n, float *dst) { f16_rows().load(src, n, dst); }
 

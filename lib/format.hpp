@@ -16,8 +16,9 @@ uint16_t f32_to_f16(float x);
 uint16_t f32_to_bf16(float x);
 
 // The conversions from page formats to floats are defined below, inline, so that the CPU decode's
-// variant for wider vector units (lib/cpu_attention.cpp) compiles them for those units too. Each is
-// exact, so every variant gives the same floats.
+// variant for wider vector units (lib/cpu_attention.cpp) compiles them for those units too (F16
+// rows excepted: load_f16 takes F16C where the processor has it). Each is exact, so every variant
+// gives the same floats.
 inline uint32_t float_bits(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
@@ -52,10 +53,7 @@ bool is_page_format(pkv_format f); // every format a page may hold
 inline bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
 size_t io_elem_bytes(pkv_format f);
 
-// x86-64: whether the processor (and the OS, for AVX's registers) runs F16C's conversions.
-bool has_f16c();
-
-// n F16 values to floats: by F16C where has_f16c(), else f16_to_f32 (the same floats; a signalling
+// n F16 values to floats: by F16C where the processor has it (x86-64), else f16_to_f32 (the same floats; a signalling
 // NaN may come out quiet).
 void load_f16(const uint8_t *src, size_t n, float *dst);
 
