@@ -1,0 +1,39 @@
+/* The float64 attention oracle the decode tests compare every backend with, and the error it allows.
+ * It is written here, independently of the library: it sees only the values the pages hold (the
+ * tests keep their own copy, rounded by tu_round_trip) and q as its format stores it. */
+#ifndef PKV_ORACLE_H
+#define PKV_ORACLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pagedkv.h"
+
+/* softmax(scale q.k) v over keys [0, n): k and v hold row t at t * stride. out[d] is the attention
+ * output, mag[d] = sum_t p_t |v_td| (the size of what was summed: an error is judged against
+ * max(|out|, mag), so cancellation between tokens is forgiven), *lse the natural-log sum of
+ * exp(scale q.k). n = 0 gives out = mag = 0 and lse = -infinity. */
+void oracle_attend(const double *q, const float *k, const float *v, size_t stride, uint32_t n, uint32_t head_dim,
+                   double scale, double *out, double *mag, double *lse);
+
+/* max_t scale sum_d |q_d k_td| over keys [0, n): the size of the logits' terms, against which float32
+ * arithmetic errs (0 for n = 0). */
+double oracle_logit_magnitude(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim,
+                              double scale);
+
+/* The error a backend may make, by K page format (V's format does not matter: the oracle holds the
+ * values the pages store, and V is only accumulated); docs/testing.md gives the reasons. */
+typedef struct oracle_tolerance {
+  double out_rel; /* error of an output row relative to its size, before rounding to the output format */
+  double lse_abs; /* |lse - ref| */
+} oracle_tolerance;
+oracle_tolerance oracle_tolerance_for(pkv_format k_format);
+
+/* Rounding an output to `format` adds at most half an ulp, relative (F32: 0). */
+double oracle_out_rounding(pkv_format format);
+
+/* Half an ulp of `format` at x, absolute: what storing x in the format may lose, subnormals included;
+ * at least 2^-126, which float32 arithmetic may flush to zero. */
+double oracle_half_ulp(pkv_format format, double x);
+
+#endif
