@@ -114,9 +114,12 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
   const float q_mul = p.scale * kLog2e; // scores in log2 units
+  // Float K: q enters unscaled and the fp32 scores take the scale, so the f16 parts of q keep their
+  // precision whatever the scale (q times a small scale fell into f16's subnormal range). Quantized K:
+  // q times the scale (its int8 parts are scaled per group in fp32).
   const bool q_exact = !K::quantized && p.q_format == KF;
-  const QParts qp{!q_exact, q_exact ? q_mul : 1.0f};
-  const float q_pre = q_exact ? 1.0f : q_mul; // what q_values multiplies q by
+  const QParts qp{!q_exact, K::quantized ? 1.0f : q_mul};
+  const float q_pre = K::quantized ? q_mul : 1.0f; // what q_values multiplies q by
 
   for (uint32_t item = blockIdx.x; item < n_chunks * p.row_tiles; item += gridDim.x) {
     const uint32_t z = item % p.row_tiles;

@@ -5,9 +5,9 @@
 
 namespace pkv_mma {
 
-// Float K: how q enters the score MMAs. Where q's format is the pages' own 16-bit format, q goes
-// unscaled in one part (exact) and the fp32 scores are multiplied by the scale; otherwise q times the
-// scale is split into SPLIT parts (split) and `mul` is 1.
+// Float K: how q enters the score MMAs, unscaled: in one part where its format is the pages' own
+// 16-bit format (exact), else split into SPLIT parts (split); the fp32 scores are multiplied by `mul`,
+// the scale.
 struct QParts {
   bool split;
   float mul;
