@@ -128,35 +128,54 @@ class Seq:
     sampler: Optional[random.Random] = None
 
 
-class Engine:
+def decode_by_count(pool: pagedkv.Pool, layer: int, handles, counts: List[int], q, stack):
+    """Attention of the step's packed query rows q [sum counts, q_heads, head_dim]: pkv_decode takes
+    one q_tokens for its whole batch, so sequences are grouped by their count of new tokens, one
+    call a group. stack is numpy.stack or torch.stack. Returns the rows in q's order."""
+    out = q.new_empty(q.shape) if hasattr(q, "new_empty") else np.empty_like(q)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    for t in sorted(set(counts)):
+        group = [i for i, c in enumerate(counts) if c == t]
+        rows = pool.decode(layer, [handles[i] for i in group], stack([q[offsets[i]:offsets[i + 1]] for i in group]))
+        for j, i in enumerate(group):
+            out[offsets[i]:offsets[i + 1]] = rows[j]
+    return out, len(set(counts))
+
+
+def new_tokens(batch: List[Seq], drafts: Dict[str, List[int]]) -> Dict[str, List[int]]:
+    """What each sequence adds this step: its next prompt chunk, or its pending token and drafts."""
+    return {s.name: s.prompt_left[:MAX_CHUNK] if s.prompt_left else [s.pending] + drafts.get(s.name, [])
+            for s in batch}
+
+
+class NumpyEngine:
+    """The model on numpy (float32) with pagedkv as its K/V cache and attention, checked against the
+    float64 model with full attention."""
+
     def __init__(self, model: Model, kv_format: str, seed: int):
         self.model = model.cast(np.float32)
         self.reference_model = model
         self.kv_format = kv_format
+        self.vocab = VOCAB
         self.ctx = pagedkv.Context()
         self.pool = self.ctx.pool(layers=LAYERS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=16, pages=256,
                                   max_sequences=32, k_format=kv_format, v_format=kv_format, page_order_seed=seed % 1000 + 1)
         self.worst = 0.0
         self.checked = 0
         self.decode_calls = 0
+        self.tolerance = 1e-3 if kv_format == "f32" else 2e-2
 
     def step(self, batch: List[Seq], drafts: Dict[str, List[int]]) -> Dict[str, np.ndarray]:
-        """One engine step over the batch: every sequence's new tokens are appended, each layer writes
-        their K/V and decodes them, grouped by their count (one pkv_decode per q_tokens). Returns each
-        sequence's logits for its new tokens."""
-        new: Dict[str, List[int]] = {}
-        for s in batch:
-            if s.prompt_left:
-                new[s.name] = s.prompt_left[:MAX_CHUNK]
-            else:
-                new[s.name] = [s.pending] + drafts.get(s.name, [])
+        """One engine step: every sequence's new tokens are appended, then each layer writes their K/V
+        and decodes them. Returns each sequence's logits for its new tokens."""
+        new = new_tokens(batch, drafts)
         counts = [len(new[s.name]) for s in batch]
-        self.pool.append([s.handle for s in batch], counts)
+        handles = [s.handle for s in batch]
+        self.pool.append(handles, counts)
         for s in batch:
             s.tokens += new[s.name]
         ids = np.concatenate([new[s.name] for s in batch])
         positions = np.concatenate([np.arange(len(s.tokens) - c, len(s.tokens)) for s, c in zip(batch, counts)])
-        offsets = np.concatenate([[0], np.cumsum(counts)])
         m = self.model
         x = m.embed[ids]
         for layer, p in enumerate(m.layers):
@@ -164,61 +183,55 @@ class Engine:
             q = rope((h @ p["wq"]).reshape(-1, Q_HEADS, HEAD_DIM), positions, m.rope_freq)
             k = rope((h @ p["wk"]).reshape(-1, KV_HEADS, HEAD_DIM), positions, m.rope_freq)
             v = (h @ p["wv"]).reshape(-1, KV_HEADS, HEAD_DIM)
-            self.pool.write(layer, [s.handle for s in batch], counts, k, v)
-            attn = np.empty_like(q)
-            for t in sorted(set(counts)):
-                group = [i for i, c in enumerate(counts) if c == t]
-                q_group = np.stack([q[offsets[i]:offsets[i + 1]] for i in group])  # [count, t, q_heads, d]
-                out = self.pool.decode(layer, [batch[i].handle for i in group], q_group)
-                self.decode_calls += 1
-                for j, i in enumerate(group):
-                    attn[offsets[i]:offsets[i + 1]] = out[j]
+            self.pool.write(layer, handles, counts, k, v)
+            attn, calls = decode_by_count(self.pool, layer, handles, counts, q, np.stack)
+            self.decode_calls += calls
             x = x + attn.reshape(-1, D_MODEL) @ p["wo"]
             x = x + mlp(rms_norm(x, p["norm2"]), p)
         logits = rms_norm(x, m.norm) @ m.unembed
+        offsets = np.concatenate([[0], np.cumsum(counts)])
         return {s.name: logits[offsets[i]:offsets[i + 1]] for i, s in enumerate(batch)}
 
+    def reference(self, tokens: List[int]) -> np.ndarray:
+        return reference_logits(self.reference_model, tokens, self.kv_format)
+
     def check(self, s: Seq, logits: np.ndarray) -> None:
-        """The step's logits of s against the float64 full-attention model over its tokens."""
-        ref = reference_logits(self.reference_model, s.tokens, self.kv_format)[-len(logits):]
-        err = float(np.abs(logits - ref).max() / max(1.0, np.abs(ref).max()))
-        self.worst = max(self.worst, err)
-        self.checked += len(logits)
-        if len(s.handle) != len(s.tokens):
-            raise AssertionError(f"{s.name}: the pool holds {len(s.handle)} tokens, the engine {len(s.tokens)}")
-        tolerance = 1e-3 if self.kv_format == "f32" else 2e-2
-        if err > tolerance:
-            raise AssertionError(f"{s.name}: logits differ from the float64 reference by {err:.3e} "
-                                 f"(relative to the largest logit; tolerance {tolerance})")
+        check_logits(self, s, logits, self.reference(s.tokens)[-len(logits):])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=int(os.environ.get("PKV_TEST_SEED") or random.randrange(1, 2**31)))
-    ap.add_argument("--kv-format", choices=["f32", "f16"], default="f32")
-    ap.add_argument("--requests", type=int, default=7)
-    args = ap.parse_args()
-    print(f"# PKV_TEST_SEED={args.seed} (--seed replays the run)")
-    rng = random.Random(args.seed)
-    model = Model(args.seed)
-    engine = Engine(model, args.kv_format, args.seed)
-    print(f"pagedkv {pagedkv.library_version()} on {engine.ctx.backend.name.lower()}; K/V pages {args.kv_format}")
+def check_logits(engine, s: Seq, logits: np.ndarray, ref: np.ndarray) -> None:
+    """One sequence's logits of this step against the reference's for the same positions: the largest
+    difference relative to the largest reference logit must be within engine.tolerance."""
+    err = float(np.abs(logits.astype(np.float64) - ref).max() / max(1e-6, np.abs(ref).max()))
+    engine.worst = max(engine.worst, err)
+    engine.checked += len(logits)
+    if len(s.handle) != len(s.tokens):
+        raise AssertionError(f"{s.name}: the pool holds {len(s.handle)} tokens, the engine {len(s.tokens)}")
+    if err > engine.tolerance:
+        raise AssertionError(f"{s.name} at {len(s.tokens)} tokens: logits differ from the reference by {err:.3e} "
+                             f"(relative to the largest logit; tolerance {engine.tolerance})")
 
-    # Requests: (arrival step, prompt, tokens to generate, kind). One forks 2 extra completions, one
-    # decodes speculatively; every prompt has its own length (one of a single token).
+
+def make_requests(rng: random.Random, count: int, vocab: int):
+    """(arrival step, prompt, tokens to generate, kind): ragged prompts (one of a single token); one
+    request forks 2 extra completions, one decodes speculatively."""
     requests = []
-    for i in range(args.requests):
+    for i in range(count):
         length = 1 if i == 1 else rng.randrange(2, 40)
         kind = "fork" if i == 2 else "spec" if i == 3 else "plain"
         n = 16 if kind == "spec" else rng.randrange(4, 12)
-        requests.append((2 * i, [rng.randrange(VOCAB) for _ in range(length)], n, kind))
+        requests.append((2 * i, [rng.randrange(vocab) for _ in range(length)], n, kind))
+    return requests
+
+
+def serve(engine, requests, rng: random.Random, max_running: int = 5) -> dict:
+    """The engine loop over the requests: arrivals join the batch, prompts prefill in chunks, a fork
+    request forks after its prompt, the speculative one verifies drafts and truncates what fails,
+    finished sequences leave. engine has pool, vocab, step(), check() and reference(tokens)."""
     waiting = list(requests)
     running: List[Seq] = []
-    finished = 0
-    step = 0
-    tokens_out = 0
+    finished = step = tokens_out = 0
     started = time.perf_counter()
-    max_running = 5
     while waiting or running:
         while waiting and waiting[0][0] <= step and len(running) < max_running:
             _, prompt, n, kind = waiting.pop(0)
@@ -230,17 +243,16 @@ def main() -> int:
             step += 1
             continue
 
-        # Drafts for the speculative sequence: the model's own greedy continuation up to a random
+        # Drafts for the speculative sequence: the reference's greedy continuation up to a random
         # point, then a wrong token, so that each verification accepts some and rejects the rest.
         drafts = {}
         for s in running:
             if s.speculative and not s.prompt_left and s.pending is not None:
-                good = []
-                context = s.tokens + [s.pending]
+                good: List[int] = []
                 for _ in range(DRAFT):
-                    good.append(int(np.argmax(reference_logits(model, context + good, args.kv_format)[-1])))
+                    good.append(int(np.argmax(engine.reference(s.tokens + [s.pending] + good)[-1])))
                 cut = rng.randrange(DRAFT + 1)
-                drafts[s.name] = good[:cut] + [(t + 1) % VOCAB for t in good[cut:cut + 1]] + good[cut + 1:]
+                drafts[s.name] = good[:cut] + [(t + 1) % engine.vocab for t in good[cut:cut + 1]] + good[cut + 1:]
 
         logits = engine.step(running, drafts)
         for s in list(running):
@@ -276,7 +288,7 @@ def main() -> int:
                       f"{len(draft) - accepted} truncated")
             else:
                 row = logits[s.name][-1]
-                s.pending = sample(row, s.sampler) if s.name.count(".") else int(np.argmax(row))
+                s.pending = sample(row, s.sampler) if "." in s.name else int(np.argmax(row))
                 s.generated.append(s.pending)
             if len(s.generated) >= s.to_generate:
                 s.handle.free()
@@ -286,25 +298,35 @@ def main() -> int:
                 print(f"step {step:3d}: {s.name} leaves with {len(s.generated)} tokens: "
                       f"{' '.join(map(str, s.generated[:12]))}")
         step += 1
-
-    elapsed = time.perf_counter() - started
     stats = engine.pool.stats()
-    engine.pool.close()
-    engine.ctx.close()
     if stats.sequences_live != 0 or stats.pages_free != stats.pages_total:
-        print(f"pages left behind: {stats}")
-        return 1
-    print(f"{finished} completions, {tokens_out} tokens in {step} steps ({engine.decode_calls} decode calls, "
-          f"{elapsed:.1f} s with the float64 checks); {engine.checked} logit rows checked, largest relative "
-          f"error {engine.worst:.2e}")
-    return 0
+        raise AssertionError(f"pages left behind after every sequence was freed: {stats}")
+    return dict(completions=finished, tokens=tokens_out, steps=step, seconds=time.perf_counter() - started)
 
 
 def sample(logits: np.ndarray, r: random.Random) -> int:
     """A token drawn from softmax(logits) with the sequence's own random stream."""
-    p = np.exp(logits - logits.max())
-    p /= p.sum()
-    return int(np.searchsorted(np.cumsum(p), r.random() * p.sum()).clip(0, VOCAB - 1))
+    p = np.exp(logits.astype(np.float64) - logits.max())
+    return int(np.searchsorted(np.cumsum(p), r.random() * p.sum()).clip(0, len(p) - 1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=int(os.environ.get("PKV_TEST_SEED") or random.randrange(1, 2**31)))
+    ap.add_argument("--kv-format", choices=["f32", "f16"], default="f32")
+    ap.add_argument("--requests", type=int, default=7)
+    args = ap.parse_args()
+    print(f"# PKV_TEST_SEED={args.seed} (--seed replays the run)")
+    rng = random.Random(args.seed)
+    engine = NumpyEngine(Model(args.seed), args.kv_format, args.seed)
+    print(f"pagedkv {pagedkv.library_version()} on {engine.ctx.backend.name.lower()}; K/V pages {args.kv_format}")
+    result = serve(engine, make_requests(rng, args.requests, VOCAB), rng)
+    engine.pool.close()
+    engine.ctx.close()
+    print(f"{result['completions']} completions, {result['tokens']} tokens in {result['steps']} steps "
+          f"({engine.decode_calls} decode calls, {result['seconds']:.1f} s with the float64 checks); "
+          f"{engine.checked} logit rows checked, largest relative error {engine.worst:.2e}")
+    return 0
 
 
 if __name__ == "__main__":

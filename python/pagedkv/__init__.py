@@ -204,6 +204,10 @@ def _same_memory(buffers: Iterable[Optional[_Buffer]], stream: int, names: str) 
     if len(kinds) > 1:
         raise ValueError(f"{names} must all be in host memory or all on the device: one memory field covers them")
     memory = kinds.pop()
+    if memory == Memory.DEVICE and not stream:
+        raise ValueError(f"{names} are device tensors but the context runs on the library's own stream, which "
+                         "torch's work is not ordered with: create the context with a torch.cuda.Stream "
+                         "(Context(backend='cuda', stream=s)) and call it while that stream is current")
     if memory == Memory.DEVICE:
         import torch
 
