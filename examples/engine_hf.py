@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pagedkv  # noqa: E402
-from engine_numpy import Seq, check_logits, decode_by_count, make_requests, new_tokens, serve  # noqa: E402
+from engine_numpy import Seq, check_logits, decode_by_count, make_requests, new_tokens, run, serve  # noqa: E402
 
 PAGE_FORMATS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
 TOLERANCE = {torch.float16: 3e-2, torch.bfloat16: 8e-2, torch.float32: 1e-3}
@@ -177,8 +177,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except AssertionError as e:
-        print(f"FAILED: {e}")
-        sys.exit(1)
+    run(main)

@@ -329,9 +329,14 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run(entry) -> None:
+    """Exits with entry()'s status; a failed check (AssertionError) prints why and exits 1."""
     try:
-        sys.exit(main())
+        sys.exit(entry())
     except AssertionError as e:
         print(f"FAILED: {e}")
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    run(main)
