@@ -283,7 +283,8 @@ PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args);
  *   those of KV head h / (q_heads / kv_heads) (grouped-query attention).
  * With q_tokens = T > 1 (speculative verification), query token t of a sequence of length L attends
  * positions [0, L - T + t]: the cached context and the new tokens up to itself. An empty sequence
- * gives out = 0 and lse = -infinity; any other must hold at least q_tokens tokens.
+ * gives out = 0 and lse = -infinity; any other must hold at least q_tokens tokens. A sequence may
+ * appear more than once in one batch (each entry has its own q and out rows).
  * ------------------------------------------------------------------------------------------------- */
 typedef struct pkv_decode_args {
   uint32_t struct_size;
@@ -299,7 +300,8 @@ typedef struct pkv_decode_args {
   pkv_memory memory;    /* where q, out and lse live */
   const void *q;        /* [count][q_tokens][q_heads][head_dim] */
   void *out;            /* [count][q_tokens][q_heads][head_dim] */
-  float *lse;           /* NULL, or [count][q_tokens][q_heads]: natural-log sum of exp(scale q.k) */
+  float *lse;           /* NULL, or [count][q_tokens][q_heads] floats whatever q_format and out_format
+                           are: natural-log sum of exp(scale q.k) */
   uint32_t chunk_pages; /* 0: the planner splits contexts; N: each split-K chunk covers at most N pages
                            (UINT32_MAX: no split); results agree within rounding either way */
 } pkv_decode_args;

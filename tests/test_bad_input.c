@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -876,7 +877,7 @@ int main(void) {
   /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
   const char *filter = getenv("PKV_TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);
-  int failed = _cmocka_run_group_tests("bad_input", t, n + 2, NULL, NULL);
+  int failed = tu_run_group("bad_input", t, n + 2, NULL, NULL);
   free(t);
   return failed;
 }

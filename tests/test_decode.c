@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -669,7 +670,7 @@ int main(void) {
   /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
   const char *filter = getenv("PKV_TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);
-  int failed = _cmocka_run_group_tests("decode", tests, n, NULL, NULL);
+  int failed = tu_run_group("decode", tests, n, NULL, NULL);
   for (size_t i = 0; i < n; i++) free((void *)tests[i].name);
   return failed;
 }

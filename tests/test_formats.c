@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -613,5 +614,5 @@ int main(void) {
       cmocka_unit_test(test_bad_arguments),    cmocka_unit_test(test_pool_round_trip),
       cmocka_unit_test(test_non_finite),       cmocka_unit_test(test_non_finite_pool),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

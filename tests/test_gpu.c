@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -261,5 +262,5 @@ int main(void) {
       cmocka_unit_test(group_of_16),
       cmocka_unit_test(pool_larger_than_device),
   };
-  return cmocka_run_group_tests(tests, setup, NULL);
+  return tu_run_tests(tests, setup, NULL);
 }

@@ -14,6 +14,7 @@
 #include <csetjmp>
 extern "C" {
 #include <cmocka.h>
+#include "tu_run.h"
 }
 
 #include <cmath>
@@ -426,5 +427,5 @@ int main() {
                                      cmocka_unit_test(captured_decode_replays_after_the_batch_grows),
                                      cmocka_unit_test(capture_refused_on_hip),
                                      cmocka_unit_test(tensor_core_kernel_needs_its_shared_memory)};
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return tu_run_tests(tests, nullptr, nullptr);
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -384,5 +385,5 @@ int main(void) {
       cmocka_unit_test(test_last_error),
       cmocka_unit_test(test_status_strings),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

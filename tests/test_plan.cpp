@@ -10,6 +10,7 @@
 #include <csetjmp>
 extern "C" {
 #include <cmocka.h>
+#include "tu_run.h"
 }
 
 #include <algorithm>
@@ -316,5 +317,5 @@ int main(void) {
       cmocka_unit_test(test_random_balanced_plans),
       cmocka_unit_test(test_balanced_groups_are_whole),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,7 @@ extern "C" {
 #include <csetjmp>
 extern "C" {
 #include <cmocka.h>
+#include "tu_run.h"
 }
 
 namespace {
@@ -321,5 +322,5 @@ int main(void) {
       cmocka_unit_test(older_kernels_uniform),
       cmocka_unit_test(alternating_plans),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return tu_run_tests(tests, nullptr, nullptr);
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -484,5 +485,5 @@ int main(void) {
       cmocka_unit_test(test_random_page_size_4),
       cmocka_unit_test(test_random_page_size_16),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

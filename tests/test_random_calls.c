@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <string.h>
@@ -169,5 +170,5 @@ static void random_calls(void **s) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(random_calls)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -244,5 +245,5 @@ int main(void) {
       cmocka_unit_test(resident_f16),
       cmocka_unit_test(resident_q8_q4),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

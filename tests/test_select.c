@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -94,5 +95,5 @@ int main(int argc, char **argv) {
   argc_ = argc;
   argv_ = argv;
   const struct CMUnitTest tests[] = {cmocka_unit_test(outcome)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

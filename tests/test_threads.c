@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -108,5 +109,5 @@ static void failed_pool_leaves_context_usable(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(two_pools_two_threads),
                                      cmocka_unit_test(failed_pool_leaves_context_usable)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

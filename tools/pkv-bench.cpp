@@ -708,9 +708,11 @@ struct Meta {
 
 void write_json(const char *path, const Env &e, const Meta &m, const std::vector<DecodeResult> &dec,
                 const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh) {
-  FILE *f = std::fopen(path, "w");
+  // Written whole after every row, through a temporary file, so the file is always complete JSON.
+  const std::string tmp = std::string(path) + ".tmp";
+  FILE *f = std::fopen(tmp.c_str(), "w");
   if (!f) {
-    std::fprintf(stderr, "pkv-bench: cannot write %s: %s\n", path, std::strerror(errno));
+    std::fprintf(stderr, "pkv-bench: cannot write %s: %s\n", tmp.c_str(), std::strerror(errno));
     return;
   }
   std::string common = strf("\"device\": %s, \"backend\": %s, \"library_version\": %s, \"git_revision\": %s",
@@ -775,7 +777,8 @@ void write_json(const char *path, const Env &e, const Meta &m, const std::vector
                  json_str(r.unit).c_str());
   }
   std::fprintf(f, "\n  ]\n}\n");
-  if (std::fclose(f) != 0) std::fprintf(stderr, "pkv-bench: error writing %s\n", path);
+  if (std::fclose(f) != 0 || std::rename(tmp.c_str(), path) != 0)
+    std::fprintf(stderr, "pkv-bench: error writing %s: %s\n", path, std::strerror(errno));
 }
 
 void usage() {
@@ -794,7 +797,38 @@ void usage() {
       "  --bw-gbs X         use X GB/s as the read bandwidth instead of measuring it\n"
       "  --chunk-pages N    split-K chunks of at most N pages (pkv_decode_args.chunk_pages; default 0:\n"
       "                     the planner's choice), to compare splits while developing the planner; the\n"
-      "                     baseline keeps the planner's\n");
+      "                     baseline keeps the planner's\n"
+      "  --version          print pagedkv's version and exit\n"
+      "\n"
+      "decode table columns (docs/benchmarks.md says more):\n"
+      "  workload   the workload's name; -qN: N query tokens per sequence\n"
+      "  shape      gqaG-dD: G query heads per KV head, head_dim D (mha: one query head per KV head)\n"
+      "  k/v        page formats of K and V (one name when they share it)\n"
+      "  page       tokens per page\n"
+      "  lengths    the batch's sequence lengths (8x4096, 1x4096+7x256, or N in MIN..MAX)\n"
+      "  time us    median time of one pkv_decode call (one layer) after warm-up\n"
+      "  MB         K/V bytes the call reads for the live tokens (10^6 bytes, scales included)\n"
+      "  GB/s       MB / time: the effective read bandwidth\n"
+      "  %% bw       GB/s as a percentage of the read bandwidth measured in the same run\n"
+      "  base us    the same decode over a contiguous, padded cache (the baseline)\n"
+      "  ratio      base us / time us: above 1, paging is faster than padding\n"
+      "append rows: rows written per call, time per call, rows/s, and GB/s of the f16 source and of the\n"
+      "pages written; host overhead rows: the host time of one call of each kind.\n"
+      "Rows print as each workload finishes; the JSON file is rewritten after each row.\n");
+}
+
+// A whole-string unsigned number within [lo, hi], else exit 2 with a message naming the option.
+unsigned long long parse_count(const std::string &option, const std::string &text, unsigned long long lo,
+                               unsigned long long hi) {
+  errno = 0;
+  char *end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+    std::fprintf(stderr, "pkv-bench: %s is '%s': expected a whole number from %llu to %llu\n", option.c_str(),
+                 text.c_str(), lo, hi);
+    std::exit(2);
+  }
+  return v;
 }
 
 } // namespace
@@ -806,6 +840,7 @@ int main(int argc, char **argv) {
   pkv_backend backend = PKV_BACKEND_AUTO;
   int device = 0;
   Meta m;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0); // rows appear as they finish, also in a file or a pipe
   for (int i = 0; i < argc; i++) m.command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -820,12 +855,23 @@ int main(int argc, char **argv) {
     else if (a == "--list") list = true;
     else if (a == "--filter") filter = value();
     else if (a == "--json") json_path = value();
-    else if (a == "--iters") e.iters = (uint32_t)std::max(1L, std::strtol(value().c_str(), nullptr, 10));
-    else if (a == "--threads") e.threads = (unsigned)std::strtoul(value().c_str(), nullptr, 10);
-    else if (a == "--device") device = (int)std::strtol(value().c_str(), nullptr, 10);
-    else if (a == "--rotate-mb") e.rotate_bytes = std::strtoull(value().c_str(), nullptr, 10) << 20;
-    else if (a == "--bw-gbs") e.bw_gbs = std::strtod(value().c_str(), nullptr);
-    else if (a == "--chunk-pages") e.chunk_pages = (uint32_t)std::strtoul(value().c_str(), nullptr, 10);
+    else if (a == "--iters") e.iters = (uint32_t)parse_count(a, value(), 1, 1000000);
+    else if (a == "--threads") e.threads = (unsigned)parse_count(a, value(), 0, 4096);
+    else if (a == "--device") device = (int)parse_count(a, value(), 0, 1023);
+    else if (a == "--rotate-mb") e.rotate_bytes = parse_count(a, value(), 0, 1u << 20) << 20;
+    else if (a == "--chunk-pages") e.chunk_pages = (uint32_t)parse_count(a, value(), 0, UINT32_MAX);
+    else if (a == "--bw-gbs") {
+      const std::string text = value();
+      char *end = nullptr;
+      e.bw_gbs = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !(e.bw_gbs > 0) || !std::isfinite(e.bw_gbs)) {
+        std::fprintf(stderr, "pkv-bench: --bw-gbs is '%s': expected a positive number of GB/s\n", text.c_str());
+        return 2;
+      }
+    } else if (a == "--version") {
+      std::printf("pkv-bench (pagedkv) %s, revision %s\n", pkv_version_string(), pkv_bench_git_revision);
+      return 0;
+    }
     else if (a == "--backend") {
       std::string b = value();
       if (b == "auto") backend = PKV_BACKEND_AUTO;
@@ -856,6 +902,19 @@ int main(int argc, char **argv) {
       std::string id = strf("append-%s/%s/%s", prefill ? "prefill4K" : "step128", kShapes[0].name, pkv_format_name(f));
       if (filter.empty() || id.find(filter) != std::string::npos) appends.push_back({f, prefill});
     }
+  if (!filter.empty() && run.empty() && appends.empty() &&
+      std::none_of(std::begin(kOverhead), std::end(kOverhead),
+                   [&](const OverheadItem &it) { return std::strstr(it.id, filter.c_str()) != nullptr; })) {
+    bool in_full = false;
+    for (const Workload &w : expand(full_matrix())) in_full = in_full || w.id.find(filter) != std::string::npos;
+    if (in_full && !full)
+      std::fprintf(stderr, "pkv-bench: --filter '%s' matches only workloads of the whole matrix: add --full\n",
+                   filter.c_str());
+    else
+      std::fprintf(stderr, "pkv-bench: --filter '%s' matches no workload id; `pkv-bench --list%s` lists them\n",
+                   filter.c_str(), full ? " --full" : "");
+    return 2;
+  }
   if (list) {
     for (const Workload &w : run) std::printf("%s\n", w.id.c_str());
     for (auto &a : appends)
@@ -924,6 +983,7 @@ int main(int argc, char **argv) {
   for (const Workload &w : run) {
     dec.push_back(measure_decode(e, w));
     print_decode_row(dec.back());
+    write_json(json_path.c_str(), e, m, dec, {}, {});
   }
   if (!full) { // what the default run leaves to --full, by workload
     std::set<std::string> ran;
@@ -961,6 +1021,7 @@ int main(int argc, char **argv) {
     else
       std::printf("%-34s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
     std::fflush(stdout);
+    write_json(json_path.c_str(), e, m, dec, app, {});
   }
 
   // Host overhead.

@@ -1,6 +1,6 @@
 /* pkv-info: the pagedkv library's version and what each backend offers on this machine: for a GPU
  * backend the runtime library it opened and the devices it found, or every library it tried and
- * what each answered. */
+ * what each answered. --version prints the version alone. */
 #include <stdio.h>
 #include <string.h>
 
@@ -14,15 +14,41 @@ static void print_failure(const char *what, pkv_status st) {
   printf("%s: %s%s%s\n", what, pkv_status_string(st), detail[0] ? ": " : "", detail);
 }
 
-int main(void) {
+static void usage(FILE *to) {
+  fprintf(to, "usage: pkv-info [--version | --help]\n"
+              "Prints the version of the pagedkv library loaded (and of the header this program was built\n"
+              "with), then, for each backend (cpu, cuda, hip), whether it is compiled in, the devices it\n"
+              "finds and the runtime library it opened, or the reason it has none, and last the backend a\n"
+              "context with PKV_BACKEND_AUTO gets (the environment variable PKV_BACKEND picks one).\n"
+              "  --version  print the library's version (MAJOR.MINOR.PATCH) and exit\n"
+              "  --help     print this text and exit\n");
+}
+
+int main(int argc, char **argv) {
   static const pkv_backend backends[] = {PKV_BACKEND_CPU, PKV_BACKEND_CUDA, PKV_BACKEND_HIP};
   pkv_context_desc desc = PKV_CONTEXT_DESC_INIT;
   pkv_context *ctx = NULL;
   pkv_backend chosen = PKV_BACKEND_AUTO;
   pkv_status st;
   size_t i;
+  const uint32_t v = pkv_version();
 
-  printf("pagedkv %s (library %u, header %s)\n", pkv_version_string(), (unsigned)pkv_version(),
+  if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    usage(stdout);
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+    printf("%s\n", pkv_version_string());
+    return 0;
+  }
+  if (argc > 1) {
+    fprintf(stderr, "pkv-info: unknown argument %s\n", argv[1]);
+    usage(stderr);
+    return 2;
+  }
+
+  /* pkv_version() packs MAJOR * 10000 + MINOR * 100 + PATCH. */
+  printf("pagedkv %u.%u.%u (header %s)\n", (unsigned)(v / 10000), (unsigned)(v / 100 % 100), (unsigned)(v % 100),
          PKV_VERSION_STRING);
 
   for (i = 0; i < sizeof backends / sizeof backends[0]; i++) {

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -114,5 +115,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(missing_file),   cmocka_unit_test(not_pagedkv),
       cmocka_unit_test(version_not_offered), cmocka_unit_test(null_loader),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -87,5 +88,5 @@ int main(void) {
       cmocka_unit_test(versions_not_offered),
       cmocka_unit_test(round_trip),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

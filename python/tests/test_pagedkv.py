@@ -1,0 +1,215 @@
+"""The Python package against the library: results checked against a float64 reference computed here
+with numpy from the values the pages hold, failures raised as the right exception with the library's
+text, struct defaults compared with the header's PKV_*_INIT macros."""
+import ctypes
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pagedkv
+from pagedkv import _ffi
+
+HEADER = Path(__file__).resolve().parents[2] / "include" / "pagedkv.h"
+
+
+def cpu_pool(ctx, **desc):
+    base = dict(layers=2, kv_heads=2, head_dim=32, pages=64, page_size=4, max_sequences=8)
+    base.update(desc)
+    return ctx.pool(**base)
+
+
+def stored(fmt, x):
+    """What a page of format fmt holds for float32 values x."""
+    x = np.asarray(x, np.float32)
+    return x if fmt == pagedkv.Format.F32 else x.astype(np.float16).astype(np.float32)
+
+
+def reference(q, keys, values, q_tokens, scale):
+    """float64 attention of q [q_tokens, q_heads, d] over keys/values [n, kv_heads, d], causal over the
+    newest q_tokens positions; returns out [q_tokens, q_heads, d] and lse [q_tokens, q_heads]."""
+    n, kv_heads, _ = keys.shape
+    q_heads = q.shape[1]
+    out = np.zeros(q.shape)
+    lse = np.full(q.shape[:2], -np.inf)
+    for t in range(q_tokens):
+        visible = n - q_tokens + t + 1
+        for h in range(q_heads):
+            kh = h // (q_heads // kv_heads)
+            logits = scale * (keys[:visible, kh].astype(np.float64) @ q[t, h].astype(np.float64))
+            m = logits.max()
+            w = np.exp(logits - m)
+            out[t, h] = w @ values[:visible, kh].astype(np.float64) / w.sum()
+            lse[t, h] = m + np.log(w.sum())
+    return out, lse
+
+
+def test_version():
+    assert pagedkv.__version__ == pagedkv.library_version()
+    text = HEADER.read_text()
+    parts = [re.search(rf"#define PKV_VERSION_{p} (\d+)", text).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
+    assert pagedkv.__version__ == ".".join(parts)
+
+
+def _init_values(text, macro):
+    body = re.search(rf"#define {macro}\s*\\?\s*\{{(.*?)\}}\s*\n(?!\s)", text, re.S).group(1)
+    body = body.replace("\\\n", " ")
+    values, depth, cur = [], 0, ""
+    for ch in body:
+        if ch == "," and depth == 0:
+            values.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        cur += ch
+    values.append(cur.strip())
+    return values
+
+
+@pytest.mark.parametrize("cls,macro", [
+    (_ffi.ContextDesc, "PKV_CONTEXT_DESC_INIT"), (_ffi.BackendInfo, "PKV_BACKEND_INFO_INIT"),
+    (_ffi.PoolDesc, "PKV_POOL_DESC_INIT"), (_ffi.WriteArgs, "PKV_WRITE_ARGS_INIT"),
+    (_ffi.ReadArgs, "PKV_READ_ARGS_INIT"), (_ffi.DecodeArgs, "PKV_DECODE_ARGS_INIT"),
+    (_ffi.PoolStats, "PKV_POOL_STATS_INIT")])
+def test_defaults_match_header(cls, macro):
+    values = _init_values(HEADER.read_text(), macro)
+    made = _ffi.new_struct(cls)
+    assert len(values) == len(cls._fields_), f"{macro} has {len(values)} values, {cls.__name__} {len(cls._fields_)} fields"
+    enums = {f"PKV_{k.__name__.upper()}_{m.name}": m.value for k in (pagedkv.Backend, pagedkv.Format, pagedkv.Memory)
+             for m in k}
+    for (name, _), text in zip(cls._fields_, values):
+        got = getattr(made, name)
+        if name == "struct_size":
+            assert got == ctypes.sizeof(cls)
+        elif text in enums:
+            assert got == enums[text], (macro, name)
+        elif text in ("NULL", "{ 0 }"):
+            raw = bytes(got) if isinstance(got, ctypes.Structure) else got
+            assert not (raw.strip(b"\0") if isinstance(raw, bytes) else raw), (macro, name)
+        else:
+            assert float(got) == float(text.rstrip("f")), (macro, name, got, text)
+
+
+def test_zero_filled_struct_refused():
+    """The library refuses struct_size 0: why every binding sets it (new_struct does)."""
+    lib = _ffi.lib()
+    ctx = ctypes.c_void_p()
+    assert lib.pkv_context_create(ctypes.byref(_ffi.ContextDesc()), ctypes.byref(ctx)) == pagedkv.Status.ERR_STRUCT_SIZE
+    assert "PKV_CONTEXT_DESC_INIT" in lib.pkv_last_error().decode()
+
+
+@pytest.mark.parametrize("q_tokens", [1, 3, 8])
+def test_decode_matches_float64_reference(rng, q_tokens):
+    kv_heads, group, head_dim = int(rng.integers(1, 4)), int(rng.choice([1, 2, 4])), int(rng.choice([32, 64]))
+    q_heads = kv_heads * group
+    k_format, v_format = (pagedkv.Format(int(x)) for x in rng.choice([1, 2], 2))
+    io = rng.choice([np.float32, np.float16])
+    with pagedkv.Context(backend="cpu", threads=2) as ctx, \
+            cpu_pool(ctx, kv_heads=kv_heads, head_dim=head_dim, k_format=k_format, v_format=v_format,
+                     page_order_seed=int(rng.integers(1, 1000))) as pool:
+        lengths = [int(x) for x in rng.integers(q_tokens, 40, 4)]
+        seqs = [pool.alloc() for _ in lengths]
+        pool.append(seqs, lengths)
+        k = rng.uniform(-1, 1, (sum(lengths), kv_heads, head_dim)).astype(np.float32)
+        v = rng.uniform(-1, 1, k.shape).astype(np.float32)
+        pool.write(1, seqs, lengths, k, v)
+        assert [len(s) for s in seqs] == lengths
+        q = rng.uniform(-2, 2, (len(seqs), q_tokens, q_heads, head_dim)).astype(io)
+        out, lse = pool.decode(1, seqs, q, lse=True)
+        assert out.dtype == io and out.shape == q.shape and lse.shape == q.shape[:-1]
+        first = 0
+        for b, n in enumerate(lengths):
+            ref, ref_lse = reference(q[b], stored(k_format, k[first:first + n]), stored(v_format, v[first:first + n]),
+                                     q_tokens, 1 / np.sqrt(head_dim))
+            tol = 2e-3 if io == np.float16 else 1e-5
+            err = np.linalg.norm(out[b].astype(np.float64) - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+            assert err.max() < tol, (b, err.max())
+            np.testing.assert_allclose(lse[b], ref_lse, atol=1e-4)
+            first += n
+        # the pages give back what was written, as the page format stores it
+        got_k, got_v = pool.read(1, seqs[0])
+        np.testing.assert_array_equal(got_k, stored(k_format, k[:lengths[0]]))
+        np.testing.assert_array_equal(got_v, stored(v_format, v[:lengths[0]]))
+
+
+def test_a_sequence_twice_in_one_decode(rng):
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        s = pool.alloc()
+        pool.append([s], [5])
+        pool.write(0, [s], [5], rng.standard_normal((5, 2, 32)), rng.standard_normal((5, 2, 32)))
+        q = rng.standard_normal((2, 2, 32)).astype(np.float32)
+        both = pool.decode(0, [s, s], q)
+        np.testing.assert_array_equal(both[1], pool.decode(0, [s], q[1:])[0])
+        with pytest.raises(pagedkv.InvalidArgumentError, match="same sequence"):
+            pool.append([s, s], [1, 1])
+
+
+def test_errors_carry_status_and_detail():
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx, pages=2, page_size=4) as pool:
+        s = pool.alloc()
+        s.free()
+        with pytest.raises(pagedkv.StaleHandleError) as e:
+            s.free()
+        assert e.value.status == pagedkv.Status.ERR_STALE_HANDLE and e.value.function == "pkv_seq_free"
+        assert e.value.detail.startswith("PKV_ERR_STALE_HANDLE: pkv_seq_free: ")
+        t, u = pool.alloc(), pool.alloc()
+        with pytest.raises(pagedkv.OutOfPagesError, match="nothing was appended"):
+            pool.append([t, u], [8, 1])
+        assert len(t) == len(u) == 0
+        with pytest.raises(pagedkv.InvalidArgumentError, match="head_dim"):
+            ctx.pool(layers=1, kv_heads=1, head_dim=33, pages=1)
+        with pytest.raises(TypeError, match="unknown pool field"):
+            ctx.pool(layers=1, kv_heads=1, head_dim=32, pages=1, heads=1)
+        with pytest.raises(ValueError, match="expected one of"):
+            ctx.pool(layers=1, kv_heads=1, head_dim=32, pages=1, k_format="f8")
+        with pytest.raises(ValueError, match="k has shape"):
+            pool.write(0, [t], [0], np.zeros((1, 2, 32)), np.zeros((1, 2, 32)))
+        with pytest.raises(ValueError, match="open pool"):
+            ctx.close()
+
+
+def test_fork_truncate_and_context_managers(rng):
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx, page_size=4, pages=16) as pool:
+        with pool.alloc() as parent:
+            pool.append([parent], [10])
+            pool.write(0, [parent], [10], rng.standard_normal((10, 2, 32)), rng.standard_normal((10, 2, 32)))
+            with parent.fork() as child:
+                assert len(child) == 10 and pool.stats().pages_shared == 3
+                child.truncate(4)
+                assert len(child) == 4 and len(parent) == 10
+                np.testing.assert_array_equal(pool.read(0, child)[0], pool.read(0, parent, 0, 4)[0])
+            assert pool.stats().sequences_live == 1
+        stats = pool.stats()
+        assert stats.sequences_live == 0 and stats.pages_free == stats.pages_total == 16
+    with pytest.raises(ValueError, match="closed"):
+        pool.alloc()
+
+
+def test_library_not_found_says_how_to_point_at_it(tmp_path):
+    env = dict(os.environ, PAGEDKV_LIBRARY=str(tmp_path / "libpagedkv.so"))
+    code = "import pagedkv\ntry:\n    pagedkv.library_version()\nexcept ImportError as e:\n    print(e)\n"
+    text = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "PAGEDKV_LIBRARY" in text and "libpagedkv.so" in text
+
+
+def test_backends_lists_the_cpu():
+    cpu = [b for b in pagedkv.backends() if b.backend == pagedkv.Backend.CPU][0]
+    assert cpu.compiled and cpu.device_count == 1
+
+
+def test_torch_host_tensors(rng):
+    torch = pytest.importorskip("torch")
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        s = pool.alloc()
+        pool.append([s], [6])
+        k = torch.from_numpy(rng.standard_normal((6, 2, 32)).astype(np.float32))
+        pool.write(0, [s], [6], k, k.clone())
+        q = torch.from_numpy(rng.standard_normal((1, 4, 32)).astype(np.float32))
+        out = pool.decode(0, [s], q)
+        assert isinstance(out, torch.Tensor)
+        np.testing.assert_array_equal(out.numpy(), pool.decode(0, [s], q.numpy()))
