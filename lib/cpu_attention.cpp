@@ -149,7 +149,7 @@ template <int W> PKV_ALWAYS_INLINE float weights(float *p, uint32_t n, float top
 }
 
 // Asks for the row of `head` at `slot`, and its scales, to come into the L2 cache (locality 1: on
-// x86 prefetcht2; prefetching into L1 measured slower, docs/perf/2026-12-04-cpu-f16c.md).
+// x86 prefetcht2; prefetching into L1 measured slower, docs/perf/decisions.md).
 PKV_ALWAYS_INLINE void prefetch_row(const uint8_t *part, const PlaneLayout &l, uint32_t head, uint32_t slot) {
   const uint8_t *row = part + l.data_at(head, slot);
   for (uint32_t o = 0; o < l.row_data_bytes; o += 64) __builtin_prefetch(row + o, 0, 1);

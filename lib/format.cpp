@@ -62,7 +62,7 @@ void store_f16_portable(const float *src, size_t n, uint8_t *dst) {
 
 #if defined(__x86_64__)
 // 8 values an instruction, exact both ways (checked against the portable loops for every float and
-// every half; appends to F16 pages 1.3-6x faster, a tiny decode 1.5x: docs/perf/2026-12-05-cpu-f16c-io.md).
+// every half; appends to F16 pages 1.3-6x faster, a tiny decode 1.5x: docs/perf/decisions.md).
 // F16C keeps a NaN's payload where f32_to_f16 writes the canonical NaN, so 8 floats with a NaN
 // among them go the portable way.
 __attribute__((target("avx,f16c"))) void load_f16_f16c(const uint8_t *src, size_t n, float *dst) {

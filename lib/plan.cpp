@@ -51,21 +51,21 @@ uint64_t shortest_chunk(const std::vector<uint64_t> &pages, uint64_t cap, uint64
 //  - the batch's pages over all workers (the device's bandwidth), an eighth more where items run on
 //    more workers than the full-rate ones (measured on the H200: one block a multiprocessor of float
 //    head_dim 128 decodes single long sequences 4-9% faster than two with the same bytes; see
-//    docs/perf/2026-12-01-h200-cuda-planner.md);
+//    docs/perf/decisions.md);
 //  - a worker's chain of items, each page at a lone worker's rate (full-rate over all workers): a
 //    short item is bound by its own latency, so items in parallel finish sooner even where two share
 //    a multiprocessor (4K + 7 x 256 tokens at head_dim 128: 16-page chunks 17.4 us, the 29-page
 //    chunks of one round over the full-rate workers 19.3 us, H200);
 //  - for long chunks (8 fixed costs or more: bound by bandwidth), the items a full-rate worker's
 //    share of the device runs one after another (128K + 7 x 8K: 512-page chunks, two on some
-//    multiprocessors, 221 us; two rounds of 183 pages 200 us; both: docs/perf/2026-12-02-h200-cuda-session13.md);
+//    multiprocessors, 221 us; two rounds of 183 pages 200 us; both: docs/perf/decisions.md);
 // and a split sequence costs its partial results' writes and merge besides, two fixed costs (in the
 // batch's average: splitting a few of its sequences costs less than splitting all).
 // Candidates: for 1..kMaxWaves rounds over all workers, and one round over the full-rate workers,
 // the shortest chunk that many items allow, and beside each the longer chunks that keep another
 // sequence whole, each rounded up to whole granules (a GPU block's stage: a chunk's last stage costs
 // a whole one; 4K + 7 x 256 tokens in 6-page chunks ran 13% slower than in 8-page ones, H200,
-// docs/perf/2026-12-02-h200-cuda-session14.md). The cheapest wins. One round of equal chunks fills
+// docs/perf/decisions.md). The cheapest wins. One round of equal chunks fills
 // the device exactly when the batch is uniform; long sequences get proportionally more chunks, and
 // short ones beside them stay whole.
 struct Choice {
@@ -123,7 +123,7 @@ struct Piece {
 // (group g's for KV head h: g * kv_heads + h), and its piece of a sequence one piece for each KV
 // head, the same tokens on each, so that a page's KV heads, whose rows lie together in it, are read
 // at about the same time: dealing each (sequence, KV head) pair's granules in turn measured up to
-// 6% slower (H200, docs/perf/2026-12-04-h200-cuda-session19.md). An empty sequence takes empty
+// 6% slower (H200, docs/perf/decisions.md). An empty sequence takes empty
 // pieces, so their workers write its results. By pair, in token order.
 std::vector<Piece> deal(const PlanRequest &req, uint32_t groups, uint64_t *share) {
   struct Span {

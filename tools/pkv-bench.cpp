@@ -1,6 +1,6 @@
 // pkv-bench: pagedkv's benchmark. Measures paged-attention decode against the device's read
 // bandwidth and against a contiguous padded baseline, append throughput and host overhead, as
-// the project's BENCHMARKS notes specify; docs/benchmarks.md describes the flags and the columns.
+// docs/benchmarks.md specifies (the matrix, the flags and the columns).
 // Public API only.
 #include "pagedkv.h"
 
@@ -83,7 +83,7 @@ std::string strf(const char *fmt, ...) {
 std::string tokens_label(uint32_t n) { return n % 1024 == 0 ? strf("%uK", n / 1024) : strf("%u", n); }
 
 // ---------------------------------------------------------------------------------------------
-// The matrix (BENCHMARKS.md): shapes, K/V format pairs, workload templates.
+// The matrix (docs/benchmarks.md, "Workloads"): shapes, K/V format pairs, workload templates.
 
 struct Shape {
   const char *name;

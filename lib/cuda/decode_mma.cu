@@ -253,7 +253,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // products combine exactly before one conversion to float. Four threads a (row, group), eight
       // values each, the group's largest magnitude by two shuffles: every thread takes part (with a
       // thread a group, a quarter of the block did it all: quantized K's 1x1K 3-4% slower, H200,
-      // docs/perf/2026-12-04-h200-cuda-session21.md).
+      // docs/perf/decisions.md).
       static_assert(M::GROUPS * ROWS * 4 % 32 == 0, "a warp's lanes all take part");
       for (int e = tid; e < MT * M::GROUPS * ROWS * 4; e += threads) {
         const int quarter = e % 4, x = e / 4, i_tile = x / (M::GROUPS * ROWS), g = x / ROWS % M::GROUPS, r = x % ROWS;
@@ -423,7 +423,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         // itself, in chunk order (the same bits every run). One block merges, so its round trips
         // and barriers are the merge's cost: weights computed once a row by groups of threads and
         // shared through shared memory had put two more barriers and two chains of shuffles on it
-        // (H200: head_dim 256 1x1K 9-12% faster, head_dim 128 1x1K 2%; docs/perf/2026-12-04-h200-cuda-session21.md).
+        // (H200: head_dim 256 1x1K 9-12% faster, head_dim 128 1x1K 2%; docs/perf/decisions.md).
         constexpr uint32_t V4 = D / 4, EPT = M::ROWS * V4 / THREADS; // float4s a row, most a thread takes
         const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads;  // a part's rows
         // Chunk k's partial of row r: lse at part_lse[(first_part + k) * stride + in_seq(r)], values
@@ -543,7 +543,7 @@ PKV_MMA(128, 2, 2, 2) PKV_MMA(128, 2, 3, 2) PKV_MMA(128, 3, 2, 2) PKV_MMA(128, 3
 // multiprocessor instead of three (pkv_decode_mma8_128_<k format>_5_3_4blocks): bound by instruction
 // issue, they gain from the fourth block's warps, and the host plans for four blocks (H200: 32x4K
 // Q4_0 16% faster, 128-sequence batches 5-15%, short batches even; 96 registers and five blocks
-// lost 3-10% everywhere: docs/perf/2026-12-02-h200-cuda-session14.md).
+// lost 3-10% everywhere: docs/perf/decisions.md).
 PKV_MMA_KERNEL(pkv_decode_mma8_128_4_5_3_4blocks, 128, Narrow1, 128, 4, 5, 3)
 PKV_MMA_KERNEL(pkv_decode_mma8_128_5_5_3_4blocks, 128, Narrow1, 128, 5, 5, 3)
 // The narrow tile of 2 and 4 n-tiles (16 and 32 query rows) where K and V are quantized, head_dim 64

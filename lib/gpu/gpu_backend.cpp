@@ -537,7 +537,7 @@ class GpuBackend final : public Backend {
   }
   // The narrow head_dim 128 kernels with quantized K and Q4_0 V come in a four-block variant too (128
   // registers): bound by instruction issue, they gain from the fourth block's warps, and the planner
-  // fills them (H200: 32x4K Q4_0 16% faster, 8x32K 4%; docs/perf/2026-12-02-h200-cuda-session14.md).
+  // fills them (H200: 32x4K Q4_0 16% faster, 8x32K 4%; docs/perf/decisions.md).
   bool four_block_variant(const PoolGeometry &g) const {
     return four_block_kernels_ && g.head_dim == 128 && is_quantized(g.k.format) && g.v.format == PKV_FORMAT_Q4_0;
   }
@@ -633,7 +633,7 @@ class GpuBackend final : public Backend {
 
   // The group tile serves Q4_0 K and V at head_dim 128 where the image has it (sm_90a): speculative
   // verify of 8 tokens at 8x32K 5% faster than Narrow<4>; with Q8_0 pages it was no faster (-0.4%
-  // to +2%; docs/perf/2026-12-04-h200-cuda-session20.md).
+  // to +2%; docs/perf/decisions.md).
   bool group_tile(const PoolGeometry &g) {
     return group_tiles_ && g.head_dim == 128 && g.k.format == PKV_FORMAT_Q4_0 && g.v.format == PKV_FORMAT_Q4_0 &&
            mma_stages(g, kGroup4);

@@ -18,7 +18,7 @@ template <int BYTES> __device__ __forceinline__ void cp_async_small_zfill(void *
 }
 // Bulk copies (sm_90): one instruction moves a whole row into shared memory and completes on an
 // mbarrier, which counts the bytes it expects. They need fewer L2 requests than 16-byte cp.async
-// pieces: float head_dim 128 5-8% faster on the H200, 256 0-5% (docs/perf/2026-12-01-h200-cuda-bulk.md).
+// pieces: float head_dim 128 5-8% faster on the H200, 256 0-5% (docs/perf/decisions.md).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr bool kBulkCopies = true;
 #else

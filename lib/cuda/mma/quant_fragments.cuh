@@ -53,7 +53,7 @@ template <class R> __device__ __forceinline__ void k_group(const uint8_t *rows, 
 // sixteenths), one f16 subtraction leaves the value. The masking in one instruction measured 1-3%
 // faster where V is Q4_0 at head_dim 128 (the narrow loop 548 -> 515 instructions), but 5% slower
 // for Q4_0 at 256 (8x32K), which ptxas then schedules worse, and mixed for Q8_0 (-1.5% to +5%; H200,
-// docs/perf/2026-12-02-h200-cuda-session14.md).
+// docs/perf/decisions.md).
 template <uint32_t F, int D> __device__ __forceinline__ uint32_t pair_f16(const uint32_t (&w)[2], int j) {
   constexpr bool ONE = F == Q4_0 && D == 128;
   const uint32_t x = (F == Q8_0 ? w[j % 2] : w[0]) >> (8 * (j / 2));

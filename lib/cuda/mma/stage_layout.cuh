@@ -9,7 +9,7 @@ namespace pkv_mma {
 // rows one matrix load reads are eight tokens apart, in eight blocks of Row's layout: row m of warp
 // w is token 8 (m % 8) + 2 w + m / 8. Otherwise in order: token 16 w + m (the quantized kernels,
 // bound by their instructions, measured 1-3% slower with rows spread and padded on the H200:
-// docs/perf/2026-12-01-h200-cuda-blocks.md).
+// docs/perf/decisions.md).
 template <bool SPREAD> struct Tokens {
   static constexpr bool spread = SPREAD;
   __device__ static uint32_t warp_first(int w) { return SPREAD ? 2 * w : SUB * w; }
