@@ -461,7 +461,7 @@ DecodeResult measure_decode(Env &e, const Workload &w) {
   r.bytes = sum_of(w.lens) * per_token;
   r.base_bytes = (uint64_t)w.lens.size() * longest * per_token;
   try {
-    if (r.bytes > 40000000000ull) throw Skipped("over 40 GB of K/V (BENCHMARKS.md)");
+    if (r.bytes > 40000000000ull) throw Skipped("over 40 GB of K/V");
     r.copies = copies_for(e, r.bytes);
     DecodePool paged, base;
     paged.build(e, w, w.lens, r.copies, kPagedSeed, 0, e.chunk_pages);
@@ -784,7 +784,7 @@ void write_json(const char *path, const Env &e, const Meta &m, const std::vector
 void usage() {
   std::printf(
       "usage: pkv-bench [options]\n"
-      "  --full             the whole BENCHMARKS.md matrix (what a GPU runs); default: a CPU-sized subset\n"
+      "  --full             the whole matrix of docs/benchmarks.md (what a GPU runs); default: a CPU-sized subset\n"
       "  --filter TEXT      only workloads whose id contains TEXT (ids: name/shape/formats/pPAGE,\n"
       "                     append-..., overhead/...); --list shows them\n"
       "  --list             list the selected workload ids and exit\n"
