@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oracle.h"
 #include "testutil.h"
 
 #define CHECK_OK(call)                                                                               \
@@ -37,36 +38,7 @@
  * Tolerances
  * ------------------------------------------------------------------------------------------------- */
 
-/* Error allowed against the oracle, by K page format (V's format does not matter: the oracle already
- * holds the values the pages store, and V is only accumulated). */
-static const struct tolerance {
-  pkv_format k;
-  double out_rel; /* ||out - ref|| / ||ref|| per (sequence, query head), before output rounding */
-  double lse_abs; /* |lse - ref| */
-} tolerances[] = {
-    /* float32 accumulation of q.k, of exp and of the weighted sum over up to ~5000 tokens: a few 1e-6
-     * in practice; one missed, repeated or misplaced token shows as 1e-3 or more */
-    {PKV_FORMAT_F32, 1e-4, 1e-4},
-    {PKV_FORMAT_F16, 1e-4, 1e-4},
-    {PKV_FORMAT_BF16, 1e-4, 1e-4},
-    /* a GPU backend may round q to int8 per 32-group and dot it against K's int8 quants, or round q and
-     * K's scaled values to f16: each logit then moves by ~0.4% of the logits' spread (kept <= ~1 for
-     * these rows) at most, hence ~1e-2 */
-    {PKV_FORMAT_Q8_0, 1e-2, 1e-2},
-    {PKV_FORMAT_Q4_0, 1e-2, 1e-2},
-};
-
-static const struct tolerance *tolerance_for(pkv_format k) {
-  for (size_t i = 0; i < sizeof tolerances / sizeof tolerances[0]; i++)
-    if (tolerances[i].k == k) return &tolerances[i];
-  fail_msg("no tolerance for K format %d", (int)k);
-  return NULL;
-}
-
-/* Rounding the output to out_format adds at most half an ulp per element, relative. */
-static double out_rounding(pkv_format out) {
-  return out == PKV_FORMAT_F16 ? ldexp(1.0, -11) : out == PKV_FORMAT_BF16 ? ldexp(1.0, -8) : 0.0;
-}
+/* The error allowed against the oracle: tests/oracle.c (oracle_tolerance_for, oracle_out_rounding). */
 
 /* ---------------------------------------------------------------------------------------------------
  * Small helpers
@@ -124,7 +96,7 @@ typedef struct shape {
  * so a split and an unsplit weight may differ by four such roundings. */
 static double split_out_tol(const shape *s) {
   const double weights = tu_quantized(s->k) && tu_quantized(s->v) ? ldexp(1.0, -10) : 0.0;
-  return 1e-5 + weights + 2.0 * out_rounding(s->out);
+  return 1e-5 + weights + 2.0 * oracle_out_rounding(s->out);
 }
 #define SPLIT_LSE_TOL 1e-5
 
@@ -337,14 +309,11 @@ typedef struct worst {
 /* Compares one decode of `layer` with the float64 oracle. */
 static void check_oracle(const model *m, uint32_t layer, const void *q, const void *out, const float *lse,
                          const char *what, worst *w) {
-  const struct tolerance *tol = tolerance_for(m->s.k);
-  const double out_tol = tol->out_rel + out_rounding(m->s.out);
+  const oracle_tolerance tol = oracle_tolerance_for(m->s.k);
+  const double out_tol = tol.out_rel + oracle_out_rounding(m->s.out);
   const uint32_t hd = m->s.head_dim;
   const double scale = m->s.scale != 0.0f ? (double)m->s.scale : 1.0 / sqrt((double)hd);
-  uint32_t longest = 1;
-  for (uint32_t b = 0; b < m->n; b++) longest = max_u32(longest, m->len[b]);
-  double *logit = xmalloc(longest * sizeof *logit), *qd = xmalloc(hd * sizeof *qd),
-         *ref = xmalloc(hd * sizeof *ref);
+  double *qd = xmalloc(hd * sizeof *qd), *ref = xmalloc(hd * sizeof *ref), *mag = xmalloc(hd * sizeof *mag);
 
   for (uint32_t bt = 0; bt < m->n * m->qt; bt++) {
     /* query token tok of sequence b sees positions [0, length - qt + tok] */
@@ -361,26 +330,14 @@ static void check_oracle(const model *m, uint32_t layer, const void *q, const vo
         continue;
       }
       const size_t kv = at(m, b, layer, 0) + (size_t)(h / m->s.group) * hd; /* GQA: the group's KV head */
-      const float *K = m->k[b] + kv, *V = m->v[b] + kv;
       for (uint32_t d = 0; d < hd; d++) qd[d] = tu_load(m->s.q, q, o + d);
-      double mx = -INFINITY, z = 0.0;
-      for (uint32_t t = 0; t < len; t++) {
-        double s = 0.0;
-        for (uint32_t d = 0; d < hd; d++) s += qd[d] * K[(size_t)t * m->row + d];
-        logit[t] = scale * s;
-        mx = fmax(mx, logit[t]);
-      }
-      for (uint32_t d = 0; d < hd; d++) ref[d] = 0.0;
-      for (uint32_t t = 0; t < len; t++) {
-        double p = exp(logit[t] - mx);
-        z += p;
-        for (uint32_t d = 0; d < hd; d++) ref[d] += p * V[(size_t)t * m->row + d];
-      }
+      double ref_lse;
+      oracle_attend(qd, m->k[b] + kv, m->v[b] + kv, m->row, len, hd, scale, ref, mag, &ref_lse);
       double err2 = 0.0, ref2 = 0.0;
       for (uint32_t d = 0; d < hd; d++) {
-        double r = ref[d] / z, e = (double)tu_load(m->s.out, out, o + d) - r;
+        double e = (double)tu_load(m->s.out, out, o + d) - ref[d];
         err2 += e * e;
-        ref2 += r * r;
+        ref2 += ref[d] * ref[d];
       }
       double rel = sqrt(err2 / fmax(ref2, 1e-300));
       if (rel > out_tol)
@@ -388,23 +345,23 @@ static void check_oracle(const model *m, uint32_t layer, const void *q, const vo
                  len, h, rel, out_tol);
       w->out = fmax(w->out, rel);
       if (lse) {
-        double e = fabs((double)lse[li] - (mx + log(z)));
-        if (!(e <= tol->lse_abs))
+        double e = fabs((double)lse[li] - ref_lse);
+        if (!(e <= tol.lse_abs))
           fail_msg("%s: layer %u seq %u (length %u) head %u: lse %.9g, expected %.9g", what, layer, b, len,
-                   h, (double)lse[li], mx + log(z));
+                   h, (double)lse[li], ref_lse);
         w->lse = fmax(w->lse, e);
       }
     }
   }
-  free(logit);
   free(qd);
   free(ref);
+  free(mag);
 }
 
 static void report(const model *m, const worst *w) {
-  const struct tolerance *tol = tolerance_for(m->s.k);
+  const oracle_tolerance tol = oracle_tolerance_for(m->s.k);
   print_message("    worst: out %.2e (allowed %.2e), lse %.2e (allowed %.2e)\n", w->out,
-                tol->out_rel + out_rounding(m->s.out), w->lse, tol->lse_abs);
+                tol.out_rel + oracle_out_rounding(m->s.out), w->lse, tol.lse_abs);
 }
 
 /* Lengths that straddle page boundaries, one empty, in a random batch position. */
