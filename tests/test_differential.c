@@ -213,7 +213,7 @@ static void op_fork(scenario *s, uint32_t parent) {
   c->live = 1;
   c->len = 0;
   reserve(s, c, p->len);
-  for (uint32_t l = 0; l < s->desc.layers; l++) {
+  for (uint32_t l = 0; l < s->desc.layers && p->len; l++) {
     memcpy(c->k + copy_at(s, c, l, 0), p->k + copy_at(s, p, l, 0), (size_t)p->len * s->row * sizeof(float));
     memcpy(c->v + copy_at(s, c, l, 0), p->v + copy_at(s, p, l, 0), (size_t)p->len * s->row * sizeof(float));
   }
@@ -357,9 +357,10 @@ static void check_side(scenario *s, const decode_call *c, const char *who, int g
         const uint32_t visible = sc->len ? sc->len - T + t + 1 : 0;
         for (uint32_t d = 0; d < D; d++) qd[d] = tu_load(c->q_format, q, o + d);
         const size_t kv = copy_at(s, sc, c->layer, 0) + (size_t)(h / s->group) * D;
+        const float *keys = visible ? sc->k + kv : NULL, *values = visible ? sc->v + kv : NULL;
         double ref_lse;
-        oracle_attend(qd, sc->k + kv, sc->v + kv, s->row, visible, D, scale, ref, mag, &ref_lse);
-        if (gpu) f16_weight_slack(s, qd, sc->k + kv, sc->v + kv, visible, scale, slack);
+        oracle_attend(qd, keys, values, s->row, visible, D, scale, ref, mag, &ref_lse);
+        if (gpu) f16_weight_slack(s, qd, keys, values, visible, scale, slack);
         else memset(slack, 0, D * sizeof *slack);
         double size = 0.0, err = 0.0;
         for (uint32_t d = 0; d < D; d++) size = fmax(size, fmax(fabs(ref[d]), mag[d]));
@@ -370,7 +371,7 @@ static void check_side(scenario *s, const decode_call *c, const char *who, int g
           if (isnan(got) || (visible == 0 && got != 0.0)) err = INFINITY;
         }
         /* float32 arithmetic errs relative to the logits' terms: the bounds hold up to 8 */
-        const double logits = oracle_logit_magnitude(qd, sc->k + kv, s->row, visible, D, scale);
+        const double logits = oracle_logit_magnitude(qd, keys, s->row, visible, D, scale);
         const double widen = fmax(1.0, logits / 8.0);
         const double bound = tol.out_rel * widen + oracle_out_rounding(c->out_format);
         if (!(err <= bound))
