@@ -152,9 +152,10 @@ class CpuBackend final : public Backend {
   template <class Fn> void for_rows(const PoolGeometry &g, const RowTransfer &a, Fn fn) {
     const size_t stride = size_t(g.head_dim) * io_elem_bytes(a.format);
     const uint32_t items = (a.rows + kRowsPerItem - 1) / kRowsPerItem;
+    // Sized here, so that no worker allocates: a scatter whose rows are half written cannot fail.
+    for (std::vector<float> &row : row_) row.resize(g.head_dim);
     workers_.run(items, [&](uint32_t item, uint32_t worker) {
       std::vector<float> &row = row_[worker];
-      row.resize(g.head_dim);
       const uint32_t end = std::min(a.rows, (item + 1) * kRowsPerItem);
       for (uint32_t r = item * kRowsPerItem; r < end; r++) fn(r, row.data(), stride);
     });
@@ -219,6 +220,7 @@ std::unique_ptr<Backend> make_cpu_backend(uint32_t threads) {
 std::string cpu_description() {
   std::string model = "unknown processor";
   std::ifstream cpuinfo("/proc/cpuinfo");
+  cpuinfo.exceptions(std::ios::badbit); // a line that cannot be read (no memory) throws, not ends the loop
   for (std::string line; std::getline(cpuinfo, line);) {
     if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
       model = line.substr(line.find(':') + 2);
