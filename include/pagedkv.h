@@ -163,7 +163,8 @@ PKV_API pkv_status pkv_context_backend(const pkv_context *ctx, pkv_backend *out)
 PKV_API pkv_status pkv_context_synchronize(pkv_context *ctx);
 /* Measures the read bandwidth of the context's device in GB/s (1e9 bytes/s): the best of several
  * passes of a read-only kernel over `bytes` (0: 2 GiB on a GPU, 512 MiB on the CPU), far larger than
- * the caches. Decode is memory-bound, so this is the figure its speed is judged against. Blocks. */
+ * the caches; more than 2^48 bytes fails with PKV_ERR_OUT_OF_MEMORY. Decode is memory-bound, so this
+ * is the figure its speed is judged against. Blocks. */
 PKV_API pkv_status pkv_context_read_bandwidth(pkv_context *ctx, uint64_t bytes, double *gb_per_s);
 
 /* What a backend offers in this build on this machine, without creating a context. */

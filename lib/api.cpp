@@ -78,6 +78,7 @@ void check_row_count(pkv_format f, size_t n) {
 }
 
 constexpr uint32_t kMaxKvHeads = 4096;
+constexpr uint64_t kMaxBandwidthBytes = uint64_t(1) << 48; // 256 TiB
 
 void check_pool_desc(const pkv_pool_desc &d) {
   if (d.layers == 0) fail(PKV_ERR_INVALID_ARGUMENT, "desc->layers is 0");
@@ -193,6 +194,11 @@ PKV_API pkv_status pkv_context_read_bandwidth(pkv_context *ctx, uint64_t bytes, 
   return guarded(__func__, [&] {
     check_pointer(ctx, "ctx");
     check_pointer(gb_per_s, "gb_per_s");
+    // Checked for every backend before any of them sizes a buffer by it (a GPU's rounding to 16
+    // bytes plus its 16 spare ones would wrap near 2^64).
+    if (bytes > kMaxBandwidthBytes)
+      fail(PKV_ERR_OUT_OF_MEMORY, "bytes is %llu: no device has a buffer of more than %llu bytes",
+           (unsigned long long)bytes, (unsigned long long)kMaxBandwidthBytes);
     std::lock_guard<std::mutex> device(ctx->mu);
     *gb_per_s = ctx->backend->read_bandwidth(bytes);
   });

@@ -147,8 +147,11 @@ static void read_bandwidth_past_the_host(void **state) {
   pkv_context *ctx;
   assert_int_equal(pkv_context_create(&cd, &ctx), PKV_OK);
   double gbs = -1.0;
-  pu_assert_fails(pkv_context_read_bandwidth(ctx, UINT64_MAX, &gbs), PKV_ERR_OUT_OF_MEMORY);
-  assert_true(gbs == -1.0);
+  const uint64_t sizes[] = {UINT64_MAX, UINT64_MAX - 15, (uint64_t)1 << 62, ((uint64_t)1 << 48) + 1};
+  for (int i = 0; i < 4; i++) {
+    pu_assert_fails(pkv_context_read_bandwidth(ctx, sizes[i], &gbs), PKV_ERR_OUT_OF_MEMORY);
+    assert_true(gbs == -1.0);
+  }
   assert_int_equal(pkv_context_destroy(ctx), PKV_OK);
 }
 
