@@ -231,6 +231,16 @@ const Scenario kScenarios[] = {
        pkv_context_desc d = context_desc();
        d.backend = PKV_BACKEND_AUTO;
        return pkv_context_create(&d, &w.new_ctx); }, true},
+    {"context_destroy", 0, [](World &w) { const pkv_context_desc d = context_desc(); ok(pkv_context_create(&d, &w.new_ctx), "context"); },
+     [](World &w) {
+       const pkv_status st = pkv_context_destroy(w.new_ctx);
+       if (st == PKV_OK) w.new_ctx = nullptr;
+       return st; }, true},
+    {"context_backend", sizeof(pkv_backend), nullptr, [](World &w) {
+       pkv_backend b = PKV_BACKEND_AUTO;
+       const pkv_status st = pkv_context_backend(w.ctx, &b);
+       put(w, b);
+       return st; }, true},
     {"context_synchronize", 0, nullptr, [](World &w) { return pkv_context_synchronize(w.ctx); }, true},
     {"context_read_bandwidth", sizeof(double), nullptr, [](World &w) {
        double gbs = 0;
