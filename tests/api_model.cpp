@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "failure.hpp"
 #include "pagedkv.h"
 
 namespace {
@@ -31,20 +32,6 @@ struct MSeq {
   std::vector<int32_t> rows;    // [position * layers + layer]: the value written, or 0 if unknown
 };
 
-struct Mismatch {
-  char text[512];
-};
-
-[[noreturn]] void mismatch(const char *format, ...) __attribute__((format(printf, 1, 2)));
-void mismatch(const char *format, ...) {
-  Mismatch m;
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(m.text, sizeof m.text, format, args);
-  va_end(args);
-  throw m;
-}
-
 class Model {
  public:
   Model(Bytes &in) : in_(in) {
@@ -65,8 +52,8 @@ class Model {
     pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
     cd.backend = PKV_BACKEND_CPU;
     cd.threads = 1 + in.next(2);
-    if (pkv_context_create(&cd, &ctx_) != PKV_OK) mismatch("context: %s", pkv_last_error());
-    if (pkv_pool_create(ctx_, &d_, &pool_) != PKV_OK) mismatch("pool: %s", pkv_last_error());
+    if (pkv_context_create(&cd, &ctx_) != PKV_OK) test_failure("context: %s", pkv_last_error());
+    if (pkv_pool_create(ctx_, &d_, &pool_) != PKV_OK) test_failure("pool: %s", pkv_last_error());
     ref_.assign(d_.pages, 0);
     row_ = size_t(d_.kv_heads) * d_.head_dim;
   }
@@ -115,7 +102,7 @@ class Model {
         ref_[p] = 1;
         return p;
       }
-    mismatch("call %u: the model ran out of pages", call_);
+    test_failure("call %u: the model ran out of pages", call_);
   }
   void drop_pages(MSeq &s, uint32_t keep) {
     while (s.pages.size() > keep) {
@@ -127,9 +114,9 @@ class Model {
   // The status must be `want`; a failure needs a text.
   void expect(pkv_status got, pkv_status want, const char *what) {
     if (got != want)
-      mismatch("call %u (%s): got %s (%s), the model expects %s", call_, what, pkv_status_string(got),
+      test_failure("call %u (%s): got %s (%s), the model expects %s", call_, what, pkv_status_string(got),
                pkv_last_error(), pkv_status_string(want));
-    if (got != PKV_OK && !pkv_last_error()[0]) mismatch("call %u (%s): failed with no text", call_, what);
+    if (got != PKV_OK && !pkv_last_error()[0]) test_failure("call %u (%s): failed with no text", call_, what);
   }
 
   void alloc() {
@@ -137,9 +124,9 @@ class Model {
     const pkv_status st = pkv_seq_alloc(pool_, &h);
     expect(st, live_.size() < d_.max_sequences ? PKV_OK : PKV_ERR_OUT_OF_SEQUENCES, "alloc");
     if (st != PKV_OK) return;
-    if (h.id == 0 || find(h)) mismatch("call %u: alloc gave handle 0x%llx, zero or live", call_, (unsigned long long)h.id);
+    if (h.id == 0 || find(h)) test_failure("call %u: alloc gave handle 0x%llx, zero or live", call_, (unsigned long long)h.id);
     for (pkv_seq d : dead_)
-      if (d.id == h.id) mismatch("call %u: alloc gave a freed handle again", call_);
+      if (d.id == h.id) test_failure("call %u: alloc gave a freed handle again", call_);
     MSeq s;
     s.h = h;
     live_.push_back(s);
@@ -316,11 +303,11 @@ class Model {
       for (size_t r = size_t(i) * q_tokens * q_heads; r < size_t(i + 1) * q_tokens * q_heads; r++) {
         const bool empty = b.s[i]->len == 0;
         if (empty ? !(std::isinf(lse[r]) && lse[r] < 0) : !std::isfinite(lse[r]))
-          mismatch("call %u: decode of a sequence of %u tokens gave lse %g", call_, b.s[i]->len, double(lse[r]));
+          test_failure("call %u: decode of a sequence of %u tokens gave lse %g", call_, b.s[i]->len, double(lse[r]));
         for (uint32_t e = 0; e < d_.head_dim; e++) {
           const float o = out[r * d_.head_dim + e];
           if (empty ? o != 0.0f : !std::isfinite(o))
-            mismatch("call %u: decode of a sequence of %u tokens gave %g", call_, b.s[i]->len, double(o));
+            test_failure("call %u: decode of a sequence of %u tokens gave %g", call_, b.s[i]->len, double(o));
         }
       }
   }
@@ -351,23 +338,23 @@ class Model {
 
   void check_state() {
     pkv_pool_stats st = PKV_POOL_STATS_INIT;
-    if (pkv_pool_get_stats(pool_, &st) != PKV_OK) mismatch("call %u: stats: %s", call_, pkv_last_error());
+    if (pkv_pool_get_stats(pool_, &st) != PKV_OK) test_failure("call %u: stats: %s", call_, pkv_last_error());
     uint64_t tokens = 0;
     for (const MSeq &s : live_) tokens += s.len;
     const uint32_t shared = uint32_t(std::count_if(ref_.begin(), ref_.end(), [](uint32_t r) { return r > 1; }));
     if (st.pages_free != free_pages() || st.pages_shared != shared || st.sequences_live != live_.size() ||
         st.tokens_live != tokens)
-      mismatch("call %u: the pool has %u pages free, %u shared, %u sequences, %llu tokens; the model %u, %u, %zu, %llu",
+      test_failure("call %u: the pool has %u pages free, %u shared, %u sequences, %llu tokens; the model %u, %u, %zu, %llu",
                call_, st.pages_free, st.pages_shared, st.sequences_live, (unsigned long long)st.tokens_live,
                free_pages(), shared, live_.size(), (unsigned long long)tokens);
     for (pkv_seq d : dead_) {
       uint32_t n;
-      if (pkv_seq_length(pool_, d, &n) != PKV_ERR_STALE_HANDLE) mismatch("call %u: a freed handle is live", call_);
+      if (pkv_seq_length(pool_, d, &n) != PKV_ERR_STALE_HANDLE) test_failure("call %u: a freed handle is live", call_);
     }
     for (const MSeq &s : live_) {
       uint32_t n = 0;
       if (pkv_seq_length(pool_, s.h, &n) != PKV_OK || n != s.len)
-        mismatch("call %u: a sequence's length is %u, the model's %u (%s)", call_, n, s.len, pkv_last_error());
+        test_failure("call %u: a sequence's length is %u, the model's %u (%s)", call_, n, s.len, pkv_last_error());
       if (s.len == 0) continue;
       std::vector<float> k(size_t(s.len) * row_), v(k.size());
       for (uint32_t layer = 0; layer < d_.layers; layer++) {
@@ -377,13 +364,13 @@ class Model {
         a.count = s.len;
         a.k = k.data();
         a.v = v.data();
-        if (pkv_read(pool_, &a) != PKV_OK) mismatch("call %u: read: %s", call_, pkv_last_error());
+        if (pkv_read(pool_, &a) != PKV_OK) test_failure("call %u: read: %s", call_, pkv_last_error());
         for (uint32_t pos = 0; pos < s.len; pos++) {
           const int32_t want = s.rows[size_t(pos) * d_.layers + layer];
           if (!want) continue;
           for (size_t e = 0; e < row_; e++)
             if (k[pos * row_ + e] != float(want) || v[pos * row_ + e] != -float(want))
-              mismatch("call %u: layer %u position %u reads K %g V %g, the model wrote %d", call_, layer, pos,
+              test_failure("call %u: layer %u position %u reads K %g V %g, the model wrote %d", call_, layer, pos,
                        double(k[pos * row_ + e]), double(v[pos * row_ + e]), want);
         }
       }
@@ -410,7 +397,7 @@ extern "C" int pkv_model_run(const uint8_t *data, size_t size, uint32_t *calls, 
   try {
     Model m(in);
     while (in.n > 0) m.step(++*calls);
-  } catch (const Mismatch &e) {
+  } catch (const TestFailure &e) {
     std::snprintf(why, why_size, "%s", e.text);
     return 1;
   }

@@ -11,6 +11,7 @@
 //     and writes no output handle, and the same call then succeeds, leaving what the unharmed run left;
 //   - under LeakSanitizer, nothing leaks (checked after every scenario).
 // PKV_FAULT_SCENARIO=<name> runs one scenario; each prints its points, and the program the totals.
+#include "failure.hpp"
 #include "fault.hpp"
 #include "pagedkv.h"
 
@@ -33,23 +34,6 @@ extern "C" int __lsan_do_recoverable_leak_check() __attribute__((weak));
 namespace {
 
 namespace fault = pkv::fault;
-
-// A check that failed: thrown, so that every C++ object on the way unwinds (cmocka's failures jump
-// past destructors, and LeakSanitizer would then report the test's own vectors), and reported by
-// the cmocka test.
-struct Problem {
-  char text[1024];
-};
-
-[[noreturn]] void problem(const char *format, ...) __attribute__((format(printf, 1, 2)));
-void problem(const char *format, ...) {
-  Problem p;
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(p.text, sizeof p.text, format, args);
-  va_end(args);
-  throw p;
-}
 
 constexpr uint32_t kLayers = 2, kKvHeads = 2, kHeadDim = 32, kPageSize = 4, kQHeads = 4, kQTokens = 2;
 constexpr uint32_t kRow = kKvHeads * kHeadDim;
@@ -87,7 +71,7 @@ pkv_context_desc context_desc() {
 }
 
 void ok(pkv_status st, const char *what) {
-  if (st != PKV_OK) problem("fixture: %s failed: %s", what, pkv_last_error());
+  if (st != PKV_OK) test_failure("fixture: %s failed: %s", what, pkv_last_error());
 }
 
 std::vector<float> rows(uint32_t n, float base) {
@@ -344,11 +328,11 @@ Outcome run(const Scenario &sc, fault::Kind kind, uint64_t nth, bool persistent)
   if (o.status != PKV_OK) {
     const Snapshot failed = snapshot(w, false); // a failed call's outputs are undefined
     const pkv_status retry = sc.call(w);
-    if (retry != PKV_OK) problem("%s: the retry after the failure failed too: %s", sc.name, pkv_last_error());
+    if (retry != PKV_OK) test_failure("%s: the retry after the failure failed too: %s", sc.name, pkv_last_error());
     o.after = snapshot(w, sc.same_out);
     if (!(failed == o.before)) {
       tear_down(w);
-      problem("%s: %s %llu failing (%s) returned %s but changed the pool or its outputs", sc.name, kind_name(kind),
+      test_failure("%s: %s %llu failing (%s) returned %s but changed the pool or its outputs", sc.name, kind_name(kind),
                (unsigned long long)nth, persistent ? "and every one after" : "alone", pkv_status_string(o.status));
     }
   }
@@ -359,7 +343,7 @@ Outcome run(const Scenario &sc, fault::Kind kind, uint64_t nth, bool persistent)
 void torture(const Scenario &sc) {
   for (fault::Kind kind : {fault::Kind::host_alloc, fault::Kind::thread}) {
     const Outcome clean = run(sc, kind, 0, false);
-    if (clean.status != PKV_OK) problem("%s: fails with no fault armed: %s", sc.name, clean.error.c_str());
+    if (clean.status != PKV_OK) test_failure("%s: fails with no fault armed: %s", sc.name, clean.error.c_str());
     g_totals.points[kind == fault::Kind::thread] += clean.reached;
     uint64_t failed = 0;
     for (bool persistent : {false, true}) {
@@ -368,18 +352,18 @@ void torture(const Scenario &sc) {
         g_totals.runs++;
         if (o.status == PKV_OK) {
           if (!(o.after == clean.after))
-            problem("%s: %s %llu failing (%s): the call succeeded but left another result than without the fault",
+            test_failure("%s: %s %llu failing (%s): the call succeeded but left another result than without the fault",
                      sc.name, kind_name(kind), (unsigned long long)n, persistent ? "persistent" : "once");
           continue;
         }
         failed++;
         if (o.status != PKV_ERR_OUT_OF_MEMORY)
-          problem("%s: %s %llu failing: %s (%s), expected PKV_ERR_OUT_OF_MEMORY", sc.name, kind_name(kind),
+          test_failure("%s: %s %llu failing: %s (%s), expected PKV_ERR_OUT_OF_MEMORY", sc.name, kind_name(kind),
                    (unsigned long long)n, pkv_status_string(o.status), o.error.c_str());
-        if (o.error.empty()) problem("%s: %s %llu failing: no last-error text", sc.name, kind_name(kind), (unsigned long long)n);
-        if (!o.fired) problem("%s: failed (%s) though no fault fired", sc.name, o.error.c_str());
+        if (o.error.empty()) test_failure("%s: %s %llu failing: no last-error text", sc.name, kind_name(kind), (unsigned long long)n);
+        if (!o.fired) test_failure("%s: failed (%s) though no fault fired", sc.name, o.error.c_str());
         if (!(o.after == clean.after))
-          problem("%s: %s %llu: the retry left another result than the call without faults (%s)", sc.name,
+          test_failure("%s: %s %llu: the retry left another result than the call without faults (%s)", sc.name,
                   kind_name(kind), (unsigned long long)n, o.after.differs(clean.after));
       }
     }
@@ -388,16 +372,16 @@ void torture(const Scenario &sc) {
                   (unsigned long long)clean.reached, (unsigned long long)failed);
   }
   if (__lsan_do_recoverable_leak_check && __lsan_do_recoverable_leak_check() != 0)
-    problem("%s: LeakSanitizer found leaks (above)", sc.name);
+    test_failure("%s: LeakSanitizer found leaks (above)", sc.name);
 }
 
 void scenario_test(void **state) {
-  static Problem found;
+  static TestFailure found;
   try {
     torture(*static_cast<const Scenario *>(*state));
     return;
-  } catch (const Problem &p) {
-    found = p;
+  } catch (const TestFailure &f) {
+    found = f;
   }
   fail_msg("%s", found.text);
 }
