@@ -344,9 +344,9 @@ class Model {
     const uint32_t shared = uint32_t(std::count_if(ref_.begin(), ref_.end(), [](uint32_t r) { return r > 1; }));
     if (st.pages_free != free_pages() || st.pages_shared != shared || st.sequences_live != live_.size() ||
         st.tokens_live != tokens)
-      test_failure("call %u: the pool has %u pages free, %u shared, %u sequences, %llu tokens; the model %u, %u, %zu, %llu",
+      test_failure("call %u: the pool has %u pages free, %u shared, %u sequences, %llu tokens; the model %u, %u, %u, %llu",
                call_, st.pages_free, st.pages_shared, st.sequences_live, (unsigned long long)st.tokens_live,
-               free_pages(), shared, live_.size(), (unsigned long long)tokens);
+               free_pages(), shared, uint32_t(live_.size()), (unsigned long long)tokens);
     for (pkv_seq d : dead_) {
       uint32_t n;
       if (pkv_seq_length(pool_, d, &n) != PKV_ERR_STALE_HANDLE) test_failure("call %u: a freed handle is live", call_);

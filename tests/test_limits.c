@@ -20,8 +20,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
+#if !defined(_WIN32)
+#include <sys/resource.h>
+#endif
 
 #include "poolutil.h"
 #include "testutil.h"
@@ -40,11 +42,15 @@ static double now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* The process's peak resident memory in MiB. */
+/* The process's peak resident memory in MiB (0 on Windows, which has no getrusage: time alone). */
 static long peak_mib(void) {
+#if defined(_WIN32)
+  return 0;
+#else
   struct rusage u;
   getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss / 1024;
+#endif
 }
 
 static pkv_pool_desc small_desc(void) { return pu_desc(1, 1, 32, 4, 16, 4, PKV_FORMAT_F32, PKV_FORMAT_F32); }
