@@ -151,12 +151,12 @@ class CpuBackend final : public Backend {
   // Calls fn(row, scratch, bytes per row of one head) for every row, spread over the workers.
   template <class Fn> void for_rows(const PoolGeometry &g, const RowTransfer &a, Fn fn) {
     const size_t stride = size_t(g.head_dim) * io_elem_bytes(a.format);
-    const uint32_t items = (a.rows + kRowsPerItem - 1) / kRowsPerItem;
+    const uint32_t items = uint32_t((uint64_t(a.rows) + kRowsPerItem - 1) / kRowsPerItem); // rows near 2^32 too
     // Sized here, so that no worker allocates: a scatter whose rows are half written cannot fail.
     for (std::vector<float> &row : row_) row.resize(g.head_dim);
     workers_.run(items, [&](uint32_t item, uint32_t worker) {
       std::vector<float> &row = row_[worker];
-      const uint32_t end = std::min(a.rows, (item + 1) * kRowsPerItem);
+      const uint32_t end = uint32_t(std::min<uint64_t>(a.rows, (uint64_t(item) + 1) * kRowsPerItem));
       for (uint32_t r = item * kRowsPerItem; r < end; r++) fn(r, row.data(), stride);
     });
   }

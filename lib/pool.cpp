@@ -313,6 +313,9 @@ void pkv_pool::write(const pkv_write_args &a) {
     }
   }
   if (targets.empty()) return;
+  if (targets.size() > UINT32_MAX) // a backend counts a call's rows in 32 bits
+    fail(PKV_ERR_INVALID_ARGUMENT, "the call writes %llu rows: at most %u in one call", (unsigned long long)targets.size(),
+         UINT32_MAX);
   std::lock_guard<std::mutex> device(ctx_->mu);
   ctx_->backend->scatter(geometry_, {transfer(a.layer, targets, a.src_format, a.memory), a.k, a.v});
   pending_.clear();
