@@ -163,7 +163,8 @@ PKV_API pkv_status pkv_context_backend(const pkv_context *ctx, pkv_backend *out)
 PKV_API pkv_status pkv_context_synchronize(pkv_context *ctx);
 /* Measures the read bandwidth of the context's device in GB/s (1e9 bytes/s): the best of several
  * passes of a read-only kernel over `bytes` (0: 2 GiB on a GPU, 512 MiB on the CPU), far larger than
- * the caches. Decode is memory-bound, so this is the figure its speed is judged against. Blocks. */
+ * the caches; more than 2^48 bytes fails with PKV_ERR_OUT_OF_MEMORY. Decode is memory-bound, so this
+ * is the figure its speed is judged against. Blocks. */
 PKV_API pkv_status pkv_context_read_bandwidth(pkv_context *ctx, uint64_t bytes, double *gb_per_s);
 
 /* What a backend offers in this build on this machine, without creating a context. */
@@ -187,7 +188,13 @@ PKV_API pkv_status pkv_backend_query(pkv_backend backend, pkv_backend_info *info
 typedef struct pkv_pool pkv_pool;
 
 /* A sequence handle: a value (slot + generation + pool tag). The zero handle is never valid; a freed
- * handle, or one from another pool, is reported as PKV_ERR_STALE_HANDLE, never silently reused. */
+ * handle, or one from another pool, is reported as PKV_ERR_STALE_HANDLE, never silently reused:
+ *   - a freed handle stays stale for its pool's lifetime: a slot whose 32-bit generation would wrap
+ *     (after 2^31 reuses) is retired, never handed out again (pkv_seq_alloc then has one slot fewer);
+ *   - a handle of another live pool is always refused: live pools never share a tag, so a process
+ *     holds at most 4095 pools at once (pkv_pool_create fails with PKV_ERR_UNSUPPORTED past that);
+ *   - a handle of a destroyed pool is refused until 4094 more pools have been created after it, when
+ *     its tag may come back. */
 typedef struct pkv_seq {
   uint64_t id;
 } pkv_seq;
@@ -286,12 +293,16 @@ PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args);
  * gives out = 0 and lse = -infinity; any other must hold at least q_tokens tokens. A sequence may
  * appear more than once in one batch (each entry has its own q and out rows).
  * ------------------------------------------------------------------------------------------------- */
+/* The most query heads a decode takes: with at most 8 query tokens, every row count and offset a
+ * backend computes from them stays far inside 32 bits. */
+#define PKV_MAX_Q_HEADS 1024
+
 typedef struct pkv_decode_args {
   uint32_t struct_size;
   uint32_t layer;
   const pkv_seq *seqs;
   uint32_t count;       /* batch size */
-  uint32_t q_heads;     /* a multiple of the pool's kv_heads */
+  uint32_t q_heads;     /* a multiple of the pool's kv_heads, at most PKV_MAX_Q_HEADS */
   uint32_t q_tokens;    /* query tokens per sequence, 1..8: the newest q_tokens positions, already
                            appended and written; token i sees the context up to and including itself */
   float scale;          /* softmax scale; 0 selects 1/sqrt(head_dim) */

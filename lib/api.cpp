@@ -69,7 +69,16 @@ void check_page_format(pkv_format f, const char *what) {
     fail(PKV_ERR_INVALID_ARGUMENT, "%s is %d: expected one of f32, f16, bf16, q8_0, q4_0", what, int(f));
 }
 
+// n values of a row in `f`: a multiple of 32 for quantized formats, and bytes that fit in size_t.
+void check_row_count(pkv_format f, size_t n) {
+  if (n == 0 || pkv::row_bytes(f, n) != 0) return;
+  if (pkv::is_quantized(f)) fail(PKV_ERR_INVALID_ARGUMENT, "n is %zu: %s rows hold a multiple of 32 values", n, pkv_format_name(f));
+  fail(PKV_ERR_INVALID_ARGUMENT, "n is %zu: a %s row of that many values has more bytes than size_t holds", n,
+       pkv_format_name(f));
+}
+
 constexpr uint32_t kMaxKvHeads = 4096;
+constexpr uint64_t kMaxBandwidthBytes = uint64_t(1) << 48; // 256 TiB
 
 void check_pool_desc(const pkv_pool_desc &d) {
   if (d.layers == 0) fail(PKV_ERR_INVALID_ARGUMENT, "desc->layers is 0");
@@ -185,6 +194,11 @@ PKV_API pkv_status pkv_context_read_bandwidth(pkv_context *ctx, uint64_t bytes, 
   return guarded(__func__, [&] {
     check_pointer(ctx, "ctx");
     check_pointer(gb_per_s, "gb_per_s");
+    // Checked for every backend before any of them sizes a buffer by it (a GPU's rounding to 16
+    // bytes plus its 16 spare ones would wrap near 2^64).
+    if (bytes > kMaxBandwidthBytes)
+      fail(PKV_ERR_OUT_OF_MEMORY, "bytes is %llu: no device has a buffer of more than %llu bytes",
+           (unsigned long long)bytes, (unsigned long long)kMaxBandwidthBytes);
     std::lock_guard<std::mutex> device(ctx->mu);
     *gb_per_s = ctx->backend->read_bandwidth(bytes);
   });
@@ -288,8 +302,7 @@ PKV_API pkv_status pkv_convert_from_f32(pkv_format dst_format, const float *src,
     check_page_format(dst_format, "dst_format");
     check_pointer(src, "src");
     check_pointer(dst, "dst");
-    if (pkv::row_bytes(dst_format, n) == 0 && n != 0)
-      fail(PKV_ERR_INVALID_ARGUMENT, "n is %zu: %s rows hold a multiple of 32 values", n, pkv_format_name(dst_format));
+    check_row_count(dst_format, n);
     pkv::encode_ggml_row(dst_format, src, n, dst);
   });
 }
@@ -299,8 +312,7 @@ PKV_API pkv_status pkv_convert_to_f32(pkv_format src_format, const void *src, si
     check_page_format(src_format, "src_format");
     check_pointer(src, "src");
     check_pointer(dst, "dst");
-    if (pkv::row_bytes(src_format, n) == 0 && n != 0)
-      fail(PKV_ERR_INVALID_ARGUMENT, "n is %zu: %s rows hold a multiple of 32 values", n, pkv_format_name(src_format));
+    check_row_count(src_format, n);
     pkv::decode_ggml_row(src_format, src, n, dst);
   });
 }

@@ -93,14 +93,14 @@ PKV_ALWAYS_INLINE void score_block(const float *q, const float *keys, uint32_t n
 
 // acc_j = acc_j * correction_j + the sum of w_j[i] v_i over n rows v_i of D values (D apart), for R
 // rows (acc and w kTokenBlock and D apart): 4 W values of each at a time, held in registers over all
-// the rows, each V load serving the R rows.
+// the rows, each V load serving the R rows. The block's sum starts from zero and joins acc once, as
+// its weights join the normaliser: added one by one to an acc near 1, weights below 2^-24 of the
+// largest would count in the normaliser but not here.
 template <int W, int R>
 PKV_ALWAYS_INLINE void accumulate(float *acc, const float *correction, const float *w, const float *v, uint32_t n,
                                   uint32_t D) {
   for (uint32_t d = 0; d < D; d += 4 * W) {
-    Floats<W> a[R][4];
-    for (int j = 0; j < R; j++)
-      for (int k = 0; k < 4; k++) a[j][k] = load<W>(acc + j * D + d + k * W) * correction[j];
+    Floats<W> a[R][4] = {};
     const float *row = v + d;
     for (uint32_t i = 0; i < n; i++, row += D)
       for (int k = 0; k < 4; k++) {
@@ -108,7 +108,10 @@ PKV_ALWAYS_INLINE void accumulate(float *acc, const float *correction, const flo
         for (int j = 0; j < R; j++) a[j][k] += w[j * kTokenBlock + i] * vv;
       }
     for (int j = 0; j < R; j++)
-      for (int k = 0; k < 4; k++) store<W>(acc + j * D + d + k * W, a[j][k]);
+      for (int k = 0; k < 4; k++) {
+        float *at = acc + j * D + d + k * W;
+        store<W>(at, load<W>(at) * correction[j] + a[j][k]);
+      }
   }
 }
 
@@ -181,23 +184,25 @@ template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
   }
 
   const uint32_t *pages = reinterpret_cast<const uint32_t *>(host(g.table)) + size_t(b.seq_slots[s]) * g.table_stride;
-  for (uint32_t t0 = t.chunk->token_begin; t0 < t.chunk->token_end; t0 += kTokenBlock) {
-    const uint32_t n = std::min(kTokenBlock, t.chunk->token_end - t0);
+  // Positions in 64 bits: a chunk may end within a block of 2^32, where 32-bit ones would wrap.
+  const uint64_t end = t.chunk->token_end;
+  for (uint64_t t0 = t.chunk->token_begin; t0 < end; t0 += kTokenBlock) {
+    const uint32_t n = uint32_t(std::min<uint64_t>(kTokenBlock, end - t0));
     for (uint32_t i = 0; i < n; i++) {
-      const uint32_t page = pages[(t0 + i) / g.page_size], slot = (t0 + i) % g.page_size;
+      const uint32_t page = pages[(t0 + i) / g.page_size], slot = uint32_t((t0 + i) % g.page_size);
       decode_row(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
       decode_row(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
     }
     // The next block's rows, while this one computes.
-    for (uint32_t i = t0 + kTokenBlock; i < std::min(t0 + 2 * kTokenBlock, t.chunk->token_end); i++) {
-      const uint32_t page = pages[i / g.page_size], slot = i % g.page_size;
+    for (uint64_t i = t0 + kTokenBlock; i < std::min<uint64_t>(t0 + 2 * kTokenBlock, end); i++) {
+      const uint32_t page = pages[i / g.page_size], slot = uint32_t(i % g.page_size);
       prefetch_row(host(g.k_part(b.layer, page)), g.k, t.kv_head, slot);
       prefetch_row(host(g.v_part(b.layer, page)), g.v, t.kv_head, slot);
     }
     // Row r sees the block's first seen(r) tokens: positions below length - q_tokens + its token + 1.
     auto seen = [&](uint32_t r) {
       const uint32_t visible = b.lengths[s] - b.q_tokens + r / group + 1;
-      return visible <= t0 ? 0 : std::min(n, visible - t0);
+      return visible <= t0 ? 0 : uint32_t(std::min<uint64_t>(n, visible - t0));
     };
     // Rows r .. r + R - 1, each seeing nv tokens: scores, the online softmax, then the weighted V rows.
     auto update = [&](uint32_t r, uint32_t nv, auto rows_at_once) {

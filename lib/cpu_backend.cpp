@@ -15,6 +15,7 @@
 
 #include "cpu_attention.hpp"
 #include "error.hpp"
+#include "fault.hpp"
 #include "worker_pool.hpp"
 
 namespace pkv {
@@ -37,11 +38,16 @@ class CpuBackend final : public Backend {
   // over-allocated so the pool can start 64-byte aligned like a device allocation.
   DevPtr alloc(uint64_t bytes) override {
     if (bytes > std::numeric_limits<size_t>::max() - 64) fail(PKV_ERR_OUT_OF_MEMORY, "%llu bytes", (unsigned long long)bytes);
-    void *raw = std::calloc(size_t(bytes) + 64, 1);
+    void *raw = fault::fails(fault::Kind::host_alloc) ? nullptr : std::calloc(size_t(bytes) + 64, 1);
     if (!raw) fail(PKV_ERR_OUT_OF_MEMORY, "could not allocate %llu bytes of host memory", (unsigned long long)bytes);
     const DevPtr aligned = (DevPtr(uintptr_t(raw)) + 63) & ~DevPtr(63);
-    std::lock_guard<std::mutex> lock(mu_);
-    blocks_[aligned] = raw;
+    try {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_[aligned] = raw;
+    } catch (...) { // the block's bookkeeping failed: the block goes back rather than leak
+      std::free(raw);
+      throw;
+    }
     return aligned;
   }
 
@@ -111,6 +117,8 @@ class CpuBackend final : public Backend {
 
   // Each worker sums its share of a buffer of non-zero words; the sums are kept so the reads stay.
   double read_bandwidth(uint64_t bytes) override {
+    if (bytes / 8 > std::vector<uint64_t>().max_size())
+      fail(PKV_ERR_OUT_OF_MEMORY, "a buffer of %llu bytes cannot be allocated on this host", (unsigned long long)bytes);
     const size_t words = size_t(std::max<uint64_t>(bytes ? bytes : kDefaultBandwidthBytes, 1 << 20) / 8);
     std::vector<uint64_t> buffer(words);
     for (size_t i = 0; i < words; i++) buffer[i] = i * 0x9E3779B97F4A7C15ull + 1;
@@ -143,11 +151,12 @@ class CpuBackend final : public Backend {
   // Calls fn(row, scratch, bytes per row of one head) for every row, spread over the workers.
   template <class Fn> void for_rows(const PoolGeometry &g, const RowTransfer &a, Fn fn) {
     const size_t stride = size_t(g.head_dim) * io_elem_bytes(a.format);
-    const uint32_t items = (a.rows + kRowsPerItem - 1) / kRowsPerItem;
+    const uint32_t items = uint32_t((uint64_t(a.rows) + kRowsPerItem - 1) / kRowsPerItem); // rows near 2^32 too
+    // Sized here, so that no worker allocates: a scatter whose rows are half written cannot fail.
+    for (std::vector<float> &row : row_) row.resize(g.head_dim);
     workers_.run(items, [&](uint32_t item, uint32_t worker) {
       std::vector<float> &row = row_[worker];
-      row.resize(g.head_dim);
-      const uint32_t end = std::min(a.rows, (item + 1) * kRowsPerItem);
+      const uint32_t end = uint32_t(std::min<uint64_t>(a.rows, (uint64_t(item) + 1) * kRowsPerItem));
       for (uint32_t r = item * kRowsPerItem; r < end; r++) fn(r, row.data(), stride);
     });
   }
@@ -211,6 +220,7 @@ std::unique_ptr<Backend> make_cpu_backend(uint32_t threads) {
 std::string cpu_description() {
   std::string model = "unknown processor";
   std::ifstream cpuinfo("/proc/cpuinfo");
+  cpuinfo.exceptions(std::ios::badbit); // a line that cannot be read (no memory) throws, not ends the loop
   for (std::string line; std::getline(cpuinfo, line);) {
     if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
       model = line.substr(line.find(':') + 2);
@@ -221,6 +231,16 @@ std::string cpu_description() {
   const AttendKernel attend = attend_kernel(want);
   return model + ", " + std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " hardware threads, " +
          (attend.name ? std::string(attend.name) + " decode" : "PKV_CPU_KERNEL=" + std::string(want) + " unknown");
+}
+
+int32_t cpu_devices(std::string *detail) {
+  const char *want = std::getenv("PKV_CPU_KERNEL");
+  if (attend_kernel(want).run) {
+    *detail = cpu_description();
+    return 1;
+  }
+  *detail = "PKV_CPU_KERNEL=" + std::string(want) + ": expected generic (or unset); no CPU context can be created";
+  return 0;
 }
 
 } // namespace pkv

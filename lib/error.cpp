@@ -26,9 +26,10 @@ void fail(pkv_status status, const char *format, ...) {
   throw Error{status, std::string(text.data())};
 }
 
-void set_last_error(pkv_status status, const std::string &message) {
+void set_last_error(pkv_status status, const char *function, const char *message) noexcept {
   const char *name = pkv_status_string(status);
-  std::snprintf(g_last_error, sizeof g_last_error, "%.*s: %s", int(std::strcspn(name, ":")), name, message.c_str());
+  std::snprintf(g_last_error, sizeof g_last_error, "%.*s: %s: %s", int(std::strcspn(name, ":")), name, function,
+                message);
 }
 
 void clear_last_error() { g_last_error[0] = '\0'; }

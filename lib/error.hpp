@@ -25,7 +25,8 @@ struct Error {
 
 [[noreturn]] void fail(pkv_status status, const char *format, ...) PKV_PRINTF_LIKE(2, 3);
 
-void set_last_error(pkv_status status, const std::string &message);
+// "<status name>: <function>: <message>", into a fixed per-thread buffer: allocates nothing.
+void set_last_error(pkv_status status, const char *function, const char *message) noexcept;
 void clear_last_error();
 const char *last_error();
 

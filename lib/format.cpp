@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -185,7 +186,9 @@ void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
     for (uint32_t j = 0; j < kGroup / 2; j++) {
       const int lo = std::min(15, truncate(x[j] * id + 8.5f));
       const int hi = std::min(15, truncate(x[j + kGroup / 2] * id + 8.5f));
-      q[j] = uint8_t(lo | (hi << 4));
+      // Unsigned: a group whose scale's inverse overflows (largest magnitude below ~2.3e-38) gives
+      // INT32_MIN quants, whose shift would be undefined; the low 8 bits are the GPU's either way.
+      q[j] = uint8_t(unsigned(lo) | unsigned(hi) << 4);
     }
   };
   if (plain_group(x, id)) quants([](float v) { return int(v); });
@@ -202,7 +205,7 @@ void quantize_group(pkv_format f, const float *x, uint16_t *d, uint8_t *q) {
 } // namespace
 
 size_t row_bytes(pkv_format f, size_t n) {
-  if (is_io_format(f)) return n * io_elem_bytes(f);
+  if (is_io_format(f)) return n <= SIZE_MAX / io_elem_bytes(f) ? n * io_elem_bytes(f) : 0;
   if (!is_quantized(f) || n % kGroup != 0) return 0;
   return n / kGroup * (2 + group_quant_bytes(f));
 }

@@ -1,6 +1,6 @@
 #include "handle_table.hpp"
 
-#include <atomic>
+#include <mutex>
 
 #include "error.hpp"
 
@@ -9,16 +9,41 @@ namespace pkv {
 namespace {
 
 constexpr uint32_t kGenBits = 32;
-constexpr uint32_t kTagBits = 64 - kGenBits - HandleTable::kSlotBits;
+constexpr uint32_t kTagBits = HandleTable::kTagBits;
+static_assert(kGenBits + HandleTable::kSlotBits + kTagBits == 64, "a handle is 64 bits");
 
-// Each pool takes the next tag, so a handle handed to the wrong pool is caught (among the last
-// 2^12 - 1 pools made by the process).
-uint64_t next_tag() {
-  static std::atomic<uint64_t> counter{0};
-  uint64_t t;
-  do t = counter.fetch_add(1) % (1u << kTagBits);
-  while (t == 0);
+// The tags of live tables. Tags are handed out in turn, skipping live ones, so a handle of a
+// destroyed pool meets its tag again only after kMaxLive - 1 more pools were made.
+struct Tags {
+  std::mutex mu;
+  bool live[1u << kTagBits] = {};
+  uint32_t next = 1;
+};
+
+Tags &tags() {
+  static Tags t;
   return t;
+}
+
+uint64_t take_tag() {
+  Tags &t = tags();
+  std::lock_guard<std::mutex> lock(t.mu);
+  for (uint32_t tries = 0; tries < HandleTable::kMaxLive; tries++) {
+    const uint32_t tag = t.next;
+    t.next = t.next % HandleTable::kMaxLive + 1;
+    if (!t.live[tag]) {
+      t.live[tag] = true;
+      return tag;
+    }
+  }
+  fail(PKV_ERR_UNSUPPORTED, "%u pools are alive in this process, the most whose handles it tells apart: destroy one first",
+       HandleTable::kMaxLive);
+}
+
+void drop_tag(uint64_t tag) {
+  Tags &t = tags();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.live[tag] = false;
 }
 
 uint64_t pack(uint64_t tag, uint32_t generation, uint32_t slot) {
@@ -27,10 +52,14 @@ uint64_t pack(uint64_t tag, uint32_t generation, uint32_t slot) {
 
 } // namespace
 
-HandleTable::HandleTable(uint32_t capacity) : tag_(next_tag()), generation_(capacity, 0) {
+HandleTable::HandleTable(uint32_t capacity, uint32_t first_generation)
+    : tag_(0), generation_(capacity, first_generation & ~1u) {
   free_.reserve(capacity);
   for (uint32_t s = capacity; s-- > 0;) free_.push_back(s); // lowest slot first
+  tag_ = take_tag();                                         // last: nothing after it throws
 }
+
+HandleTable::~HandleTable() { drop_tag(tag_); }
 
 pkv_seq HandleTable::acquire(uint32_t *slot) {
   const uint32_t s = free_.back();
@@ -41,6 +70,11 @@ pkv_seq HandleTable::acquire(uint32_t *slot) {
 }
 
 void HandleTable::release(uint32_t slot) {
+  if (generation_[slot] == UINT32_MAX) { // the next generation would wrap to handles given out before
+    generation_[slot] = 0;               // even: no handle of it is live
+    retired_++;
+    return;
+  }
   generation_[slot] += 1; // odd -> even: every handle of this slot is now stale
   free_.push_back(slot);
 }
@@ -48,7 +82,7 @@ void HandleTable::release(uint32_t slot) {
 bool HandleTable::live_slot(pkv_seq seq, uint32_t *slot) const {
   const uint32_t s = uint32_t(seq.id & (kMaxSlots - 1));
   if (seq.id == 0 || seq.id >> (kGenBits + kSlotBits) != tag_ || s >= capacity() ||
-      uint32_t(seq.id >> kSlotBits) != generation_[s])
+      uint32_t(seq.id >> kSlotBits) != generation_[s] || (generation_[s] & 1) == 0)
     return false;
   *slot = s;
   return true;
@@ -61,6 +95,9 @@ uint32_t HandleTable::resolve(pkv_seq seq, const char *what) const {
   slot = uint32_t(seq.id & (kMaxSlots - 1));
   if (seq.id >> (kGenBits + kSlotBits) != tag_ || slot >= capacity())
     fail(PKV_ERR_STALE_HANDLE, "%s (0x%016llx) belongs to another pool", what, (unsigned long long)seq.id);
+  if ((seq.id >> kSlotBits & 1) == 0)
+    fail(PKV_ERR_STALE_HANDLE, "%s (0x%016llx) was never handed out: its generation is even", what,
+         (unsigned long long)seq.id);
   fail(PKV_ERR_STALE_HANDLE, "%s (0x%016llx) was freed: slot %u is at generation %u, the handle has %u", what,
        (unsigned long long)seq.id, slot, generation_[slot], uint32_t(seq.id >> kSlotBits));
 }

@@ -52,33 +52,46 @@ void check_pointer(const void *p, const char *what) {
 
 } // namespace
 
-pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
-    : ctx_(ctx), geometry_(make_geometry(desc)), handles_(desc.max_sequences), pages_(desc.pages, desc.page_order_seed),
-      seqs_(desc.max_sequences),
-      max_length_(std::min<uint64_t>(desc.max_sequence_length ? desc.max_sequence_length : UINT32_MAX,
-                                     uint64_t(desc.pages) * desc.page_size)) {
-  pkv::Backend &b = *ctx_->backend;
+pkv_pool::DeviceMemory::DeviceMemory(pkv_context *c, pkv::PoolGeometry *geometry) : ctx(c), g(geometry) {
+  pkv::Backend &b = *ctx->backend;
+  g->base = g->table = g->plan = 0;
   try {
-    std::lock_guard<std::mutex> device(ctx_->mu); // released before the handler takes it again
-    geometry_.base = b.alloc(geometry_.total_bytes());
-    geometry_.table = b.alloc(geometry_.table_bytes());
-    const uint64_t plan_bytes = b.plan_buffer_bytes(geometry_);
-    if (plan_bytes) geometry_.plan = b.alloc(plan_bytes);
+    std::lock_guard<std::mutex> device(ctx->mu); // released before the handler takes it again
+    g->base = b.alloc(g->total_bytes());
+    g->table = b.alloc(g->table_bytes());
+    const uint64_t plan_bytes = b.plan_buffer_bytes(*g);
+    if (plan_bytes) g->plan = b.alloc(plan_bytes);
   } catch (...) {
-    release_memory();
+    release();
     throw;
   }
+}
+
+pkv_pool::DeviceMemory::~DeviceMemory() { release(); }
+
+void pkv_pool::DeviceMemory::release() noexcept {
+  std::lock_guard<std::mutex> device(ctx->mu);
+  for (pkv::DevPtr p : {g->plan, g->table, g->base})
+    if (p) ctx->backend->release(p);
+  g->base = g->table = g->plan = 0;
+}
+
+pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
+    : ctx_(ctx), geometry_(make_geometry(desc)), memory_(ctx, &geometry_), handles_(desc.max_sequences),
+      pages_(desc.pages, desc.page_order_seed), seqs_(desc.max_sequences),
+      max_length_(std::min<uint64_t>(desc.max_sequence_length ? desc.max_sequence_length : UINT32_MAX,
+                                     uint64_t(desc.pages) * desc.page_size)) {
   ctx_->pools++;
 }
 
-pkv_pool::~pkv_pool() {
-  release_memory();
-  ctx_->pools--;
-}
+pkv_pool::~pkv_pool() { ctx_->pools--; }
 
-void pkv_pool::release_memory() noexcept {
-  std::lock_guard<std::mutex> device(ctx_->mu);
-  for (pkv::DevPtr p : {geometry_.plan, geometry_.table, geometry_.base}) ctx_->backend->release(p);
+void pkv_pool::reserve_pending(size_t more) {
+  if (pending_.size() + more <= pending_.capacity()) return;
+  // Beyond one change per page-table cell the queue holds overwritten ones (appends and truncates with
+  // no device call between): dropping those first keeps it bounded.
+  if (pending_.size() > uint64_t(geometry_.max_sequences) * geometry_.table_stride) table_updates();
+  pending_.reserve(std::max(pending_.size() + more, 2 * pending_.capacity()));
 }
 
 pkv::TableUpdates pkv_pool::table_updates() {
@@ -132,9 +145,20 @@ pkv::RowSlot pkv_pool::slot_of(const Sequence &s, uint32_t position) const {
   return {s.pages[position / geometry_.page_size], position % geometry_.page_size};
 }
 
+namespace {
+
+[[noreturn]] void fail_full(const pkv::HandleTable &h) {
+  if (h.retired())
+    fail(PKV_ERR_OUT_OF_SEQUENCES, "all %u sequence slots are in use (%u of them retired: their handles' generation "
+         "counter reached its end)", h.capacity(), h.retired());
+  fail(PKV_ERR_OUT_OF_SEQUENCES, "all %u sequence slots are in use", h.capacity());
+}
+
+} // namespace
+
 pkv_seq pkv_pool::alloc() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (handles_.full()) fail(PKV_ERR_OUT_OF_SEQUENCES, "all %u sequence slots are in use", handles_.capacity());
+  if (handles_.full()) fail_full(handles_);
   uint32_t slot;
   const pkv_seq seq = handles_.acquire(&slot);
   seqs_[slot] = Sequence{};
@@ -154,10 +178,10 @@ void pkv_pool::free(pkv_seq seq) {
 pkv_seq pkv_pool::fork(pkv_seq parent) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint32_t from = handles_.resolve(parent, "parent");
-  if (handles_.full()) fail(PKV_ERR_OUT_OF_SEQUENCES, "all %u sequence slots are in use", handles_.capacity());
+  if (handles_.full()) fail_full(handles_);
   Sequence copy = seqs_[from];
   uint32_t slot;
-  pending_.reserve(pending_.size() + copy.pages.size()); // so that nothing below throws
+  reserve_pending(copy.pages.size()); // so that nothing below throws
   const pkv_seq child = handles_.acquire(&slot);
   for (uint32_t i = 0; i < copy.pages.size(); i++) {
     pages_.retain(copy.pages[i]);
@@ -187,13 +211,17 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
   if (count == 0) return;
   check_pointer(seqs, "seqs");
   check_pointer(n_new, "n_new");
+  // Checked before the per-sequence arrays below are sized by count.
+  if (count > geometry_.max_sequences)
+    fail(PKV_ERR_INVALID_ARGUMENT, "count is %u but the pool holds at most %u sequences, each once per call", count,
+         geometry_.max_sequences);
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(seqs, count, "seqs", true);
 
   // Count every page first, so that a batch which does not fit changes nothing.
   std::vector<uint8_t> copy_last(count, 0);
   std::vector<uint32_t> new_pages(count);
-  uint64_t need = 0;
+  uint64_t need = 0, n_copies = 0;
   for (uint32_t i = 0; i < count; i++) {
     const Sequence &s = seqs_[slots[i]];
     const uint64_t end = uint64_t(s.length) + n_new[i];
@@ -204,34 +232,39 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
     copy_last[i] = n_new[i] > 0 && s.length % geometry_.page_size != 0 && pages_.refs(s.pages.back()) > 1;
     new_pages[i] = pages_for(end) - uint32_t(s.pages.size());
     need += new_pages[i] + copy_last[i];
+    n_copies += copy_last[i];
   }
   if (need > pages_.free())
     fail(PKV_ERR_OUT_OF_PAGES, "the batch needs %llu new pages and the pool has %u free of %u; nothing was appended",
          (unsigned long long)need, pages_.free(), pages_.total());
 
+  // Every allocation before the first page is taken: from here on only the copy can fail, and its
+  // failure gives the pages back.
   std::vector<uint32_t> fresh;
   fresh.reserve(need);
+  std::vector<pkv::PageCopy> copies;
+  copies.reserve(n_copies);
+  for (uint32_t i = 0; i < count; i++) {
+    Sequence &s = seqs_[slots[i]];
+    s.pages.reserve(pages_for(uint64_t(s.length) + n_new[i]));
+  }
+  reserve_pending(need);
+
   pages_.take(uint32_t(need), &fresh);
   // Sequence i takes its copy-on-write page (if any), then its new pages, from fresh in batch order.
-  std::vector<pkv::PageCopy> copies;
   size_t next = 0;
   for (uint32_t i = 0; i < count; i++) {
     if (copy_last[i]) copies.push_back({seqs_[slots[i]].pages.back(), fresh[next++]});
     next += new_pages[i];
   }
-  try {
-    for (uint32_t i = 0; i < count; i++) { // so that the commit below cannot throw
-      Sequence &s = seqs_[slots[i]];
-      s.pages.reserve(pages_for(uint64_t(s.length) + n_new[i]));
-    }
-    pending_.reserve(pending_.size() + need);
-    if (!copies.empty()) {
+  if (!copies.empty()) {
+    try {
       std::lock_guard<std::mutex> device(ctx_->mu);
       ctx_->backend->copy_pages(geometry_, copies.data(), uint32_t(copies.size()));
+    } catch (...) {
+      for (uint32_t p : fresh) pages_.release(p);
+      throw;
     }
-  } catch (...) {
-    for (uint32_t p : fresh) pages_.release(p);
-    throw;
   }
 
   next = 0;
@@ -260,6 +293,9 @@ void pkv_pool::write(const pkv_write_args &a) {
   check_pointer(a.n_tokens, "n_tokens");
   check_pointer(a.k, "k");
   check_pointer(a.v, "v");
+  if (a.count > geometry_.max_sequences)
+    fail(PKV_ERR_INVALID_ARGUMENT, "count is %u but the pool holds at most %u sequences, each once per call", a.count,
+         geometry_.max_sequences);
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", true);
   std::vector<pkv::RowSlot> targets;
@@ -277,6 +313,9 @@ void pkv_pool::write(const pkv_write_args &a) {
     }
   }
   if (targets.empty()) return;
+  if (targets.size() > UINT32_MAX) // a backend counts a call's rows in 32 bits
+    fail(PKV_ERR_INVALID_ARGUMENT, "the call writes %llu rows: at most %u in one call", (unsigned long long)targets.size(),
+         UINT32_MAX);
   std::lock_guard<std::mutex> device(ctx_->mu);
   ctx_->backend->scatter(geometry_, {transfer(a.layer, targets, a.src_format, a.memory), a.k, a.v});
   pending_.clear();
@@ -309,6 +348,8 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   if (a.q_heads == 0 || a.q_heads % geometry_.kv_heads != 0)
     fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", a.q_heads,
          geometry_.kv_heads);
+  if (a.q_heads > PKV_MAX_Q_HEADS)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads is %u: at most %u query heads", a.q_heads, unsigned(PKV_MAX_Q_HEADS));
   if (a.q_tokens == 0 || a.q_tokens > kMaxQueryTokens)
     fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is %u: expected 1 to %u query tokens per sequence", a.q_tokens,
          kMaxQueryTokens);

@@ -51,12 +51,27 @@ struct pkv_pool {
   pkv::TableUpdates table_updates();
   // A scatter's or gather's common part: rows to or from `slots`, with the queued table changes.
   void run_decode(const pkv_decode_args &args, bool launch);
-  void release_memory() noexcept;
+  // Room for `more` queued page-table changes, growing the queue geometrically.
+  void reserve_pending(size_t more);
   pkv::RowTransfer transfer(uint32_t layer, const std::vector<pkv::RowSlot> &slots, pkv_format format,
                             pkv_memory memory);
 
+  // The pool's device memory (pages, page table, plan buffer), held from construction to destruction.
+  // A member declared before the bookkeeping, so it is asked for first: a pool the device cannot hold
+  // fails before the host builds per-page counts for it, and bookkeeping that fails gives it back.
+  struct DeviceMemory {
+    DeviceMemory(pkv_context *ctx, pkv::PoolGeometry *g);
+    ~DeviceMemory();
+    DeviceMemory(const DeviceMemory &) = delete;
+    DeviceMemory &operator=(const DeviceMemory &) = delete;
+    void release() noexcept;
+    pkv_context *ctx;
+    pkv::PoolGeometry *g;
+  };
+
   pkv_context *ctx_;
   pkv::PoolGeometry geometry_;
+  DeviceMemory memory_;
   std::mutex mu_;
   pkv::HandleTable handles_;
   pkv::PageAllocator pages_;

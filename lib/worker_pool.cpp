@@ -1,20 +1,43 @@
 #include "worker_pool.hpp"
 
+#include <cerrno>
+#include <system_error>
 #include <utility>
+
+#include "error.hpp"
+#include "fault.hpp"
 
 namespace pkv {
 
+// A thread that cannot start stops the ones already started before the error leaves: the destructor
+// does not run for a constructor that throws, and a joinable std::thread destroyed terminates.
 WorkerPool::WorkerPool(uint32_t threads) {
-  for (uint32_t i = 1; i < threads; i++) workers_.emplace_back([this, i] { work_loop(i); });
+  try {
+    workers_.reserve(threads - 1);
+    for (uint32_t i = 1; i < threads; i++) {
+      if (fault::fails(fault::Kind::thread)) throw std::system_error(EAGAIN, std::generic_category());
+      workers_.emplace_back([this, i] { work_loop(i); });
+    }
+  } catch (const std::system_error &e) {
+    const uint32_t started = uint32_t(workers_.size());
+    stop();
+    fail(PKV_ERR_OUT_OF_MEMORY, "could not start worker thread %u of %u: %s", started + 1, threads - 1, e.what());
+  } catch (...) {
+    stop();
+    throw;
+  }
 }
 
-WorkerPool::~WorkerPool() {
+WorkerPool::~WorkerPool() { stop(); }
+
+void WorkerPool::stop() noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
   for (auto &t : workers_) t.join();
+  workers_.clear();
 }
 
 // Takes items until none is left; each finished item is counted so run() knows when to return.

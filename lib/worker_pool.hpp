@@ -14,7 +14,9 @@ namespace pkv {
 
 class WorkerPool {
  public:
-  explicit WorkerPool(uint32_t threads); // total threads including the caller; >= 1
+  // threads: total threads including the caller, >= 1. Throws PKV_ERR_OUT_OF_MEMORY when the system
+  // refuses a thread, with none left running.
+  explicit WorkerPool(uint32_t threads);
   ~WorkerPool();
   WorkerPool(const WorkerPool &) = delete;
   WorkerPool &operator=(const WorkerPool &) = delete;
@@ -27,6 +29,7 @@ class WorkerPool {
   void run(uint32_t n, const std::function<void(uint32_t item, uint32_t worker)> &fn);
 
  private:
+  void stop() noexcept; // ends and joins every worker thread
   void work_loop(uint32_t worker);
   void drain(uint32_t worker);
 

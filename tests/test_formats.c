@@ -299,6 +299,37 @@ static void test_non_finite(void **state) {
   }
 }
 
+/* A group whose largest magnitude is below ~2.3e-38: the scale's inverse overflows to infinity, so
+ * each value times it is infinite (or NaN for 0). The quants are defined (the GPU's conversion: NaN
+ * to 0, saturating) rather than a shift of a negative value, and the scale rounds to a zero half, so
+ * the row reads back as zeros. Under UBSan the shift stopped the test. */
+static void test_tiny_groups(void **state) {
+  (void)state;
+  for (int sign = -1; sign <= 1; sign += 2) {
+    float x[32];
+    for (int j = 0; j < 32; j++) x[j] = (float)((j % 3) - 1) * 1e-40f; /* -, 0, + */
+    x[7] = (float)sign * 1e-39f;                                       /* the largest: max */
+    unsigned char q4[18], q8[34];
+    assert_int_equal(pkv_convert_from_f32(PKV_FORMAT_Q4_0, x, 32, q4), PKV_OK);
+    assert_int_equal(pkv_convert_from_f32(PKV_FORMAT_Q8_0, x, 32, q8), PKV_OK);
+    uint16_t d4;
+    memcpy(&d4, q4, 2);
+    assert_int_equal(d4, sign > 0 ? 0x8000 : 0x0000); /* max / -8 rounds to a signed zero half */
+    for (int j = 0; j < 32; j++) {
+      const int nibble = j < 16 ? q4[2 + j] & 15 : q4[2 + j - 16] >> 4;
+      /* x * id: -inf for values of max's sign (to INT32_MIN: low nibble 0), +inf for the others
+       * (saturating, then min(15, .)), NaN for 0 (to 0). */
+      const int want = x[j] == 0.0f ? 0 : (x[j] > 0.0f) == (sign > 0) ? 0 : 15;
+      if (nibble != want) fail_msg("max sign %d, value %d (%g): nibble %d, want %d", sign, j, (double)x[j], nibble, want);
+    }
+    float back[32];
+    assert_int_equal(pkv_convert_to_f32(PKV_FORMAT_Q4_0, q4, 32, back), PKV_OK);
+    for (int j = 0; j < 32; j++) assert_true(back[j] == 0.0f);
+    assert_int_equal(pkv_convert_to_f32(PKV_FORMAT_Q8_0, q8, 32, back), PKV_OK);
+    for (int j = 0; j < 32; j++) assert_true(back[j] == 0.0f);
+  }
+}
+
 /* Random rows of random lengths and magnitudes. */
 static void test_random_rows(void **state) {
   (void)state;
@@ -613,6 +644,7 @@ int main(void) {
       cmocka_unit_test(test_random_rows),      cmocka_unit_test(test_half_rounding),
       cmocka_unit_test(test_bad_arguments),    cmocka_unit_test(test_pool_round_trip),
       cmocka_unit_test(test_non_finite),       cmocka_unit_test(test_non_finite_pool),
+      cmocka_unit_test(test_tiny_groups),
   };
   return tu_run_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,9 @@
  * stale, zero or foreign handles, null arrays, layers and formats out of range, lengths past the
  * pool, q_tokens past 8, q_heads not a multiple of kv_heads; rows and q hold random bits in their
  * source format now and then (NaNs and infinities among them). test_bad_input names each bad input
- * once; this mixes them with valid calls in random orders. PKV_TEST_SEED replays a run. */
+ * once; this mixes them with valid calls in random orders. A second test runs the fuzzer's driver
+ * (tests/api_model.cpp) on random bytes, which checks successful calls against a reference model too.
+ * PKV_TEST_SEED replays a run. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +17,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "api_model.h"
 #include "poolutil.h"
 #include "testutil.h"
 
@@ -168,7 +171,25 @@ static void random_calls(void **s) {
   }
 }
 
+/* Random call sequences (tests/api_model.cpp, the fuzzer's driver) from the seed's bytes: every call,
+ * successful ones included, checked against the reference model. */
+static void random_calls_against_model(void **s) {
+  (void)s;
+  enum { RUNS = 100, BYTES = 3000 };
+  static uint8_t bytes[BYTES];
+  tu_rng r = tu_rng_make(tu_seed() ^ 0x40de1ull);
+  uint64_t total = 0;
+  for (int run = 0; run < RUNS; run++) {
+    for (int i = 0; i < BYTES; i++) bytes[i] = (uint8_t)tu_next(&r);
+    uint32_t calls = 0;
+    char why[512];
+    if (pkv_model_run(bytes, BYTES, &calls, why, sizeof why) != 0) fail_msg("run %d: %s", run, why);
+    total += calls;
+  }
+  print_message("    %d runs, %llu calls checked against the model\n", RUNS, (unsigned long long)total);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(random_calls)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(random_calls), cmocka_unit_test(random_calls_against_model)};
   return tu_run_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
  *   test_select BACKEND fails=STATUS [ARG...]  asking for BACKEND fails with STATUS (e.g. PKV_ERR_NO_DEVICE)
  *   ARG: says=TEXT        the failure text contains TEXT
  *        detail=NAME:TEXT pkv_backend_query(NAME)'s detail contains TEXT
+ *        devices=NAME:N   pkv_backend_query(NAME) reports N usable devices
  *        skips=STATUS     failing with STATUS skips the case (a machine without the device)
  *
  * BACKEND is a pkv_backend name for pkv_context_desc.backend ("auto" leaves it to PKV_BACKEND). */
@@ -18,6 +19,7 @@
 #include "tu_run.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pagedkv.h"
@@ -80,6 +82,15 @@ static void outcome(void **state) {
       assert_int_equal(pkv_backend_query(backend_named(name), &info), PKV_OK);
       print_message("    %s: %s\n", name, info.detail);
       if (!strstr(info.detail, colon + 1)) fail_msg("%s's detail does not say \"%s\"", name, colon + 1);
+    } else if (strncmp(argv_[i], "devices=", 8) == 0) {
+      char name[16] = {0};
+      const char *colon = strchr(argv_[i] + 8, ':');
+      if (!colon || (size_t)(colon - argv_[i] - 8) >= sizeof name) fail_msg("devices=NAME:N, not %s", argv_[i]);
+      memcpy(name, argv_[i] + 8, (size_t)(colon - argv_[i] - 8));
+      pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+      assert_int_equal(pkv_backend_query(backend_named(name), &info), PKV_OK);
+      if (info.device_count != atoi(colon + 1))
+        fail_msg("%s reports %d devices, want %s (%s)", name, info.device_count, colon + 1, info.detail);
     } else if (strncmp(argv_[i], "skips=", 6) != 0) {
       fail_msg("unknown argument %s", argv_[i]);
     }

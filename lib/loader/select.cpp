@@ -73,10 +73,9 @@ void query_backend(pkv_backend backend, pkv_backend_info *info) {
   std::string text;
   switch (backend) {
   case PKV_BACKEND_CPU:
-    text = cpu_description();
-    detail = text.c_str();
     info->compiled = 1;
-    info->device_count = 1;
+    info->device_count = cpu_devices(&text);
+    detail = text.c_str();
     break;
   case PKV_BACKEND_CUDA:
   case PKV_BACKEND_HIP:

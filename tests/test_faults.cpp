@@ -1,0 +1,407 @@
+// Allocation and thread failure injection over every public entry point (built with
+// -Dfault_injection=true; lib/fault.hpp). Each scenario is one call on a fresh fixture: a CPU context
+// with worker threads and a pool holding a written sequence, a fork of it sharing a partial page, a
+// sequence appended but not written, an empty one and a freed handle. For each kind of point (host
+// allocation, thread creation), the scenario's call first runs unharmed, counting the points it
+// reaches (P) and recording what it leaves (the pool's statistics, every sequence's length, every
+// row read back, the call's outputs). Then for every N in 1..P, once with only point N failing and
+// once with every point from N on failing, on a fresh fixture:
+//   - the call succeeds and leaves exactly what the unharmed run left (the failure was absorbed), or
+//   - it fails with PKV_ERR_OUT_OF_MEMORY and a last-error text, leaves the fixture exactly as it was
+//     and writes no output handle, and the same call then succeeds, leaving what the unharmed run left;
+//   - under LeakSanitizer, nothing leaks (checked after every scenario).
+// PKV_FAULT_SCENARIO=<name> runs one scenario; each prints its points, and the program the totals.
+#include "failure.hpp"
+#include "fault.hpp"
+#include "pagedkv.h"
+
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <csetjmp>
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" int __lsan_do_recoverable_leak_check() __attribute__((weak));
+
+namespace {
+
+namespace fault = pkv::fault;
+
+constexpr uint32_t kLayers = 2, kKvHeads = 2, kHeadDim = 32, kPageSize = 4, kQHeads = 4, kQTokens = 2;
+constexpr uint32_t kRow = kKvHeads * kHeadDim;
+
+struct World {
+  pkv_context *ctx = nullptr;
+  pkv_pool *pool = nullptr;
+  pkv_seq a{}, fork{}, unwritten{}, empty{}, freed{};
+  // What a scenario's call creates or writes.
+  pkv_context *new_ctx = nullptr;
+  pkv_pool *new_pool = nullptr;
+  pkv_seq new_seq{};
+  std::vector<float> k, v; // a scenario's input rows or q
+  std::vector<uint8_t> out;
+};
+
+pkv_pool_desc pool_desc() {
+  pkv_pool_desc d = PKV_POOL_DESC_INIT;
+  d.layers = kLayers;
+  d.kv_heads = kKvHeads;
+  d.head_dim = kHeadDim;
+  d.page_size = kPageSize;
+  d.pages = 24;
+  d.max_sequences = 6;
+  d.k_format = PKV_FORMAT_F16;
+  d.v_format = PKV_FORMAT_Q8_0;
+  return d;
+}
+
+pkv_context_desc context_desc() {
+  pkv_context_desc d = PKV_CONTEXT_DESC_INIT;
+  d.backend = PKV_BACKEND_CPU;
+  d.threads = 3;
+  return d;
+}
+
+void ok(pkv_status st, const char *what) {
+  if (st != PKV_OK) test_failure("fixture: %s failed: %s", what, pkv_last_error());
+}
+
+std::vector<float> rows(uint32_t n, float base) {
+  std::vector<float> r(size_t(n) * kRow);
+  for (size_t i = 0; i < r.size(); i++) r[i] = base + float(i % 61) * 0.125f - 3.0f;
+  return r;
+}
+
+void write_seq(pkv_pool *pool, pkv_seq s, uint32_t n, float base) {
+  for (uint32_t layer = 0; layer < kLayers; layer++) {
+    const std::vector<float> k = rows(n, base + float(layer)), v = rows(n, base - float(layer));
+    pkv_write_args w = PKV_WRITE_ARGS_INIT;
+    w.layer = layer;
+    w.seqs = &s;
+    w.n_tokens = &n;
+    w.count = 1;
+    w.src_format = PKV_FORMAT_F32;
+    w.k = k.data();
+    w.v = v.data();
+    ok(pkv_write(pool, &w), "write");
+  }
+}
+
+void set_up(World &w) {
+  const pkv_context_desc cd = context_desc();
+  const pkv_pool_desc pd = pool_desc();
+  ok(pkv_context_create(&cd, &w.ctx), "context");
+  ok(pkv_pool_create(w.ctx, &pd, &w.pool), "pool");
+  ok(pkv_seq_alloc(w.pool, &w.a), "alloc");
+  const uint32_t ten = 10, six = 6;
+  ok(pkv_append(w.pool, &w.a, &ten, 1), "append");
+  write_seq(w.pool, w.a, 10, 1.0f);
+  ok(pkv_seq_fork(w.pool, w.a, &w.fork), "fork");
+  ok(pkv_seq_alloc(w.pool, &w.unwritten), "alloc");
+  ok(pkv_append(w.pool, &w.unwritten, &six, 1), "append");
+  ok(pkv_seq_alloc(w.pool, &w.empty), "alloc");
+  ok(pkv_seq_alloc(w.pool, &w.freed), "alloc");
+  ok(pkv_seq_free(w.pool, w.freed), "free");
+}
+
+void tear_down(World &w) {
+  if (w.new_pool) ok(pkv_pool_destroy(w.new_pool), "destroy");
+  if (w.pool) ok(pkv_pool_destroy(w.pool), "destroy");
+  if (w.new_ctx) ok(pkv_context_destroy(w.new_ctx), "destroy");
+  if (w.ctx) ok(pkv_context_destroy(w.ctx), "destroy");
+  w = World{};
+}
+
+// Everything a call could change, read through the API with no fault armed.
+struct Snapshot {
+  pkv_pool_stats stats = PKV_POOL_STATS_INIT;
+  std::vector<uint32_t> lengths;
+  std::vector<uint16_t> kv; // every sequence's K and V rows of every layer, as F16
+  bool new_ctx = false, new_pool = false;
+  uint64_t new_seq = 0;
+  std::vector<uint8_t> out;
+
+  // The first part that differs from o, or null.
+  const char *differs(const Snapshot &o) const {
+    if (std::memcmp(&stats, &o.stats, sizeof stats) != 0) return "the pool's statistics";
+    if (lengths != o.lengths) return "a sequence's length";
+    if (kv != o.kv) return "the rows read back";
+    if (new_ctx != o.new_ctx || new_pool != o.new_pool) return "a created object";
+    if (new_seq != o.new_seq) return "the handle given out";
+    if (out != o.out) return "the call's output";
+    return nullptr;
+  }
+  bool operator==(const Snapshot &o) const {
+    return std::memcmp(&stats, &o.stats, sizeof stats) == 0 && lengths == o.lengths && kv == o.kv &&
+           new_ctx == o.new_ctx && new_pool == o.new_pool && new_seq == o.new_seq && out == o.out;
+  }
+};
+
+Snapshot snapshot(World &w, bool with_out) {
+  Snapshot s;
+  ok(pkv_pool_get_stats(w.pool, &s.stats), "stats");
+  for (pkv_seq q : {w.a, w.fork, w.unwritten, w.empty, w.new_seq}) {
+    uint32_t n = UINT32_MAX;
+    if (pkv_seq_length(w.pool, q, &n) != PKV_OK) n = UINT32_MAX;
+    s.lengths.push_back(n);
+    if (n == UINT32_MAX || n == 0) continue;
+    for (uint32_t layer = 0; layer < kLayers; layer++) {
+      std::vector<uint16_t> k(size_t(n) * kRow), v(size_t(n) * kRow);
+      pkv_read_args r = PKV_READ_ARGS_INIT;
+      r.layer = layer;
+      r.seq = q;
+      r.count = n;
+      r.dst_format = PKV_FORMAT_F16;
+      r.k = k.data();
+      r.v = v.data();
+      ok(pkv_read(w.pool, &r), "read");
+      s.kv.insert(s.kv.end(), k.begin(), k.end());
+      s.kv.insert(s.kv.end(), v.begin(), v.end());
+    }
+  }
+  s.new_ctx = w.new_ctx != nullptr;
+  s.new_pool = w.new_pool != nullptr;
+  s.new_seq = w.new_seq.id & ((uint64_t(1) << 52) - 1); // without the pool's tag: each fixture is a new pool
+  if (with_out) s.out = w.out;
+  return s;
+}
+
+pkv_status decode(World &w, bool launch) {
+  const pkv_seq batch[4] = {w.a, w.fork, w.unwritten, w.empty};
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.seqs = batch;
+  a.count = 4;
+  a.q_heads = kQHeads;
+  a.q_tokens = kQTokens;
+  a.chunk_pages = 1; // split: the chunks' partials and their merge
+  a.q = w.k.data();
+  a.out = w.out.data();
+  a.lse = reinterpret_cast<float *>(w.out.data()) + 4 * kQTokens * kQHeads * kHeadDim;
+  return launch ? pkv_decode(w.pool, &a) : pkv_decode_prepare(w.pool, &a);
+}
+
+// A scenario's inputs and output buffer are made by `prepare`, before a fault is armed: the call
+// itself allocates nothing of the test's (operator new counts every allocation in the process).
+struct Scenario {
+  const char *name;
+  size_t out_bytes;
+  void (*prepare)(World &);
+  pkv_status (*call)(World &);
+  bool same_out; // whether the call's output is the same on every run (a timing is not)
+};
+
+template <class T> void put(World &w, const T &x) { std::memcpy(w.out.data(), &x, sizeof x); }
+
+void two_row_sets(World &w) {
+  w.k = rows(6, 2.0f);
+  w.v = rows(6, -2.0f);
+}
+
+void queries(World &w) { w.k = rows(4 * kQTokens * kQHeads / kKvHeads, 0.5f); }
+
+constexpr size_t kDecodeOut = 4 * kQTokens * kQHeads * (kHeadDim + 1) * sizeof(float);
+
+const Scenario kScenarios[] = {
+    {"context_create", 0, nullptr, [](World &w) { const pkv_context_desc d = context_desc(); return pkv_context_create(&d, &w.new_ctx); }, true},
+    {"context_create_auto", 0, nullptr, [](World &w) {
+       pkv_context_desc d = context_desc();
+       d.backend = PKV_BACKEND_AUTO;
+       return pkv_context_create(&d, &w.new_ctx); }, true},
+    {"context_destroy", 0, [](World &w) { const pkv_context_desc d = context_desc(); ok(pkv_context_create(&d, &w.new_ctx), "context"); },
+     [](World &w) {
+       const pkv_status st = pkv_context_destroy(w.new_ctx);
+       if (st == PKV_OK) w.new_ctx = nullptr;
+       return st; }, true},
+    {"context_backend", sizeof(pkv_backend), nullptr, [](World &w) {
+       pkv_backend b = PKV_BACKEND_AUTO;
+       const pkv_status st = pkv_context_backend(w.ctx, &b);
+       put(w, b);
+       return st; }, true},
+    {"context_synchronize", 0, nullptr, [](World &w) { return pkv_context_synchronize(w.ctx); }, true},
+    {"context_read_bandwidth", sizeof(double), nullptr, [](World &w) {
+       double gbs = 0;
+       const pkv_status st = pkv_context_read_bandwidth(w.ctx, 1 << 20, &gbs);
+       put(w, gbs);
+       return st; }, false},
+    {"backend_query", sizeof(pkv_backend_info), nullptr, [](World &w) {
+       pkv_backend_info info = PKV_BACKEND_INFO_INIT;
+       const pkv_status st = pkv_backend_query(PKV_BACKEND_CPU, &info);
+       put(w, info);
+       return st; }, true},
+    {"pool_create", 0, nullptr, [](World &w) { const pkv_pool_desc d = pool_desc(); return pkv_pool_create(w.ctx, &d, &w.new_pool); }, true},
+    {"seq_alloc", 0, nullptr, [](World &w) { return pkv_seq_alloc(w.pool, &w.new_seq); }, true},
+    {"seq_free", 0, nullptr, [](World &w) { return pkv_seq_free(w.pool, w.a); }, true},
+    {"seq_fork", 0, nullptr, [](World &w) { return pkv_seq_fork(w.pool, w.fork, &w.new_seq); }, true},
+    {"seq_truncate", 0, nullptr, [](World &w) { return pkv_seq_truncate(w.pool, w.a, 3); }, true},
+    {"seq_length", 4, nullptr, [](World &w) {
+       uint32_t n = 0;
+       const pkv_status st = pkv_seq_length(w.pool, w.fork, &n);
+       put(w, n);
+       return st; }, true},
+    {"append_copy_on_write", 0, nullptr, [](World &w) {
+       const pkv_seq s[3] = {w.a, w.fork, w.empty};
+       const uint32_t n[3] = {3, 2, 9};
+       return pkv_append(w.pool, s, n, 3); }, true},
+    {"write", 0, two_row_sets, [](World &w) {
+       const uint32_t n = 6;
+       pkv_write_args a = PKV_WRITE_ARGS_INIT;
+       a.layer = 1;
+       a.seqs = &w.unwritten;
+       a.n_tokens = &n;
+       a.count = 1;
+       a.src_format = PKV_FORMAT_F32;
+       a.k = w.k.data();
+       a.v = w.v.data();
+       return pkv_write(w.pool, &a); }, true},
+    {"read", 10 * kRow * 4 * 2, nullptr, [](World &w) {
+       pkv_read_args a = PKV_READ_ARGS_INIT;
+       a.layer = 1;
+       a.seq = w.fork;
+       a.count = 10;
+       a.k = w.out.data();
+       a.v = w.out.data() + 10 * kRow * 4;
+       return pkv_read(w.pool, &a); }, true},
+    {"decode", kDecodeOut, queries, [](World &w) { return decode(w, true); }, true},
+    {"decode_prepare", kDecodeOut, queries, [](World &w) { return decode(w, false); }, true},
+    {"pool_get_stats", sizeof(pkv_pool_stats), nullptr, [](World &w) {
+       pkv_pool_stats st = PKV_POOL_STATS_INIT;
+       const pkv_status r = pkv_pool_get_stats(w.pool, &st);
+       put(w, st);
+       return r; }, true},
+    {"convert", 64 + kRow * 4, queries, [](World &w) { // 36 bytes of Q4_0, then the floats back
+       pkv_status st = pkv_convert_from_f32(PKV_FORMAT_Q4_0, w.k.data(), kRow, w.out.data());
+       if (st == PKV_OK) st = pkv_convert_to_f32(PKV_FORMAT_Q4_0, w.out.data(), kRow, reinterpret_cast<float *>(w.out.data() + 64));
+       return st; }, true},
+    {"get_api", sizeof(void *), nullptr, [](World &w) {
+       const pkv_api *api = nullptr;
+       const pkv_status st = pkv_get_api(PKV_API_VERSION, &api);
+       put(w, api);
+       return st; }, true},
+    {"pool_destroy", 0, nullptr, [](World &w) {
+       const pkv_status st = pkv_pool_destroy(w.pool);
+       if (st == PKV_OK) w.pool = nullptr;
+       return st; }, true},
+};
+
+struct Totals {
+  uint64_t points[2] = {0, 0}; // distinct points reached, host allocations and threads
+  uint64_t runs = 0, failures = 0;
+} g_totals;
+
+const char *kind_name(fault::Kind k) { return k == fault::Kind::host_alloc ? "host allocation" : "thread"; }
+
+// The scenario's call on a fresh fixture with point `nth` of `kind` armed (0: none fails).
+struct Outcome {
+  pkv_status status;
+  std::string error;
+  uint64_t reached;
+  bool fired;
+  Snapshot before, after;
+};
+
+Outcome run(const Scenario &sc, fault::Kind kind, uint64_t nth, bool persistent) {
+  World w;
+  set_up(w);
+  Outcome o;
+  if (sc.prepare) sc.prepare(w);
+  w.out.assign(sc.out_bytes, 0);
+  o.before = snapshot(w, false);
+  fault::arm(kind, nth, persistent);
+  o.status = sc.call(w);
+  fault::disarm();
+  o.reached = fault::reached();
+  o.fired = fault::fired();
+  o.error = pkv_last_error();
+  if (!w.pool) { // destroyed by the call: nothing left to read
+    tear_down(w);
+    return o;
+  }
+  o.after = snapshot(w, sc.same_out);
+  if (o.status != PKV_OK) {
+    const Snapshot failed = snapshot(w, false); // a failed call's outputs are undefined
+    const pkv_status retry = sc.call(w);
+    if (retry != PKV_OK) test_failure("%s: the retry after the failure failed too: %s", sc.name, pkv_last_error());
+    o.after = snapshot(w, sc.same_out);
+    if (!(failed == o.before)) {
+      tear_down(w);
+      test_failure("%s: %s %llu failing (%s) returned %s but changed the pool or its outputs", sc.name, kind_name(kind),
+               (unsigned long long)nth, persistent ? "and every one after" : "alone", pkv_status_string(o.status));
+    }
+  }
+  tear_down(w);
+  return o;
+}
+
+void torture(const Scenario &sc) {
+  for (fault::Kind kind : {fault::Kind::host_alloc, fault::Kind::thread}) {
+    const Outcome clean = run(sc, kind, 0, false);
+    if (clean.status != PKV_OK) test_failure("%s: fails with no fault armed: %s", sc.name, clean.error.c_str());
+    g_totals.points[kind == fault::Kind::thread] += clean.reached;
+    uint64_t failed = 0;
+    for (bool persistent : {false, true}) {
+      for (uint64_t n = 1; n <= clean.reached; n++) {
+        const Outcome o = run(sc, kind, n, persistent);
+        g_totals.runs++;
+        if (o.status == PKV_OK) {
+          if (!(o.after == clean.after))
+            test_failure("%s: %s %llu failing (%s): the call succeeded but left another result than without the fault",
+                     sc.name, kind_name(kind), (unsigned long long)n, persistent ? "persistent" : "once");
+          continue;
+        }
+        failed++;
+        if (o.status != PKV_ERR_OUT_OF_MEMORY)
+          test_failure("%s: %s %llu failing: %s (%s), expected PKV_ERR_OUT_OF_MEMORY", sc.name, kind_name(kind),
+                   (unsigned long long)n, pkv_status_string(o.status), o.error.c_str());
+        if (o.error.empty()) test_failure("%s: %s %llu failing: no last-error text", sc.name, kind_name(kind), (unsigned long long)n);
+        if (!o.fired) test_failure("%s: failed (%s) though no fault fired", sc.name, o.error.c_str());
+        if (!(o.after == clean.after))
+          test_failure("%s: %s %llu: the retry left another result than the call without faults (%s)", sc.name,
+                  kind_name(kind), (unsigned long long)n, o.after.differs(clean.after));
+      }
+    }
+    g_totals.failures += failed;
+    print_message("    %-24s %-15s %3llu points, %3llu failing runs\n", sc.name, kind_name(kind),
+                  (unsigned long long)clean.reached, (unsigned long long)failed);
+  }
+  if (__lsan_do_recoverable_leak_check && __lsan_do_recoverable_leak_check() != 0)
+    test_failure("%s: LeakSanitizer found leaks (above)", sc.name);
+}
+
+void scenario_test(void **state) {
+  static TestFailure found;
+  try {
+    torture(*static_cast<const Scenario *>(*state));
+    return;
+  } catch (const TestFailure &f) {
+    found = f;
+  }
+  fail_msg("%s", found.text);
+}
+
+} // namespace
+
+int main() {
+  const char *only = std::getenv("PKV_FAULT_SCENARIO");
+  std::vector<CMUnitTest> tests;
+  for (const Scenario &sc : kScenarios)
+    if (!only || std::strcmp(only, sc.name) == 0)
+      tests.push_back(CMUnitTest{sc.name, scenario_test, nullptr, nullptr, const_cast<Scenario *>(&sc)});
+  if (tests.empty()) {
+    std::fprintf(stderr, "PKV_FAULT_SCENARIO=%s names no scenario\n", only);
+    return 1;
+  }
+  const int failed = _cmocka_run_group_tests("faults", tests.data(), tests.size(), nullptr, nullptr);
+  std::printf("# fault injection: %zu scenarios, %llu host allocation and %llu thread points, %llu runs with a fault "
+              "armed, %llu of them failed cleanly and were retried\n",
+              tests.size(), (unsigned long long)g_totals.points[0], (unsigned long long)g_totals.points[1],
+              (unsigned long long)g_totals.runs, (unsigned long long)g_totals.failures);
+  return failed;
+}
