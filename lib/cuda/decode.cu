@@ -51,8 +51,9 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
 
   const uint32_t *row = reinterpret_cast<const uint32_t *>(pool.table) +
                         uint64_t(reinterpret_cast<const uint32_t *>(p.seq_slots)[c.seq]) * pool.table_stride;
-  for (uint32_t t = c.token_begin + warp; t < c.token_end; t += W) {
-    const uint32_t page = row[t / pool.page_size], slot = t % pool.page_size;
+  // 64-bit positions: a chunk ending within W tokens of 2^32 would wrap a 32-bit one forever.
+  for (uint64_t t = c.token_begin + warp; t < c.token_end; t += W) {
+    const uint32_t page = row[t / pool.page_size], slot = uint32_t(t % pool.page_size);
     if (page >= pool.pages) continue; // a corrupted table must not read outside the pool
     const uint8_t *kp = part(pool, p.layer, page, false), *vp = part(pool, p.layer, page, true);
     float kv[NV], vv[NV];

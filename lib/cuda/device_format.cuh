@@ -102,7 +102,7 @@ __device__ __forceinline__ void store_group(const PkvPlane &pl, const PkvPool &p
         // int(): NaN to 0, saturating, as the host's to_int_rz (lib/format.cpp) for non-finite rows.
         const int lo = min(15, int(__fadd_rn(__fmul_rn(x[j], id), 8.5f)));
         const int hi = min(15, int(__fadd_rn(__fmul_rn(x[j + kGroup / 2], id), 8.5f)));
-        q[j] = uint8_t(lo | (hi << 4));
+        q[j] = uint8_t(unsigned(lo) | unsigned(hi) << 4); // unsigned: lo or hi is INT_MIN for a tiny group's inf
       }
     }
     return;
