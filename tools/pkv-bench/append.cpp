@@ -1,0 +1,59 @@
+// Append throughput (measure.hpp): pkv_write of host F16 rows into fresh pages, per step of a
+// batch and per prefill chunk.
+#include "measure.hpp"
+#include "pools.hpp"
+
+#include <algorithm>
+
+namespace bench {
+
+AppendResult measure_append(Env &e, pkv_format fmt, bool prefill) {
+  const Shape &s = kShapes[0];
+  AppendResult r;
+  r.fmt = fmt;
+  r.rows = prefill ? 4096 : 128;
+  r.id = strf("append-%s/%s/%s", prefill ? "prefill4K" : "step128", s.name, pkv_format_name(fmt));
+  uint32_t nseq = prefill ? 1 : 128, steps = prefill ? std::max<uint32_t>(10, e.iters / 2) : 4 * e.iters;
+  uint32_t warm = prefill ? 2 : 10;
+  size_t row_vals = (size_t)s.hkv * s.d;
+  try {
+    PoolGuard pool;
+    uint64_t pages = prefill ? (4096 / 16 + 1) : (uint64_t)nseq * ((warm + steps) / 16 + 1);
+    make_pool(e, pool, s, fmt, fmt, 16, pages, nseq, prefill ? 4096 : warm + steps, kPagedSeed);
+    std::vector<pkv_seq> seqs(nseq);
+    for (pkv_seq &q : seqs) check(pkv_seq_alloc(pool.p, &q), "pkv_seq_alloc");
+    std::vector<uint32_t> n_new(nseq, prefill ? 4096 : 1);
+    std::vector<double> t;
+    for (uint32_t i = 0; i < warm + steps; i++) {
+      if (prefill) check(pkv_seq_truncate(pool.p, seqs[0], 0), "pkv_seq_truncate");
+      check(pkv_append(pool.p, seqs.data(), n_new.data(), nseq), "pkv_append");
+      size_t span = e.bank.size() - r.rows * row_vals + 1;
+      pkv_write_args w = PKV_WRITE_ARGS_INIT;
+      w.seqs = seqs.data();
+      w.n_tokens = n_new.data();
+      w.count = nseq;
+      w.src_format = PKV_FORMAT_F16;
+      w.memory = PKV_MEMORY_HOST;
+      w.k = e.bank.data() + e.rng.next() % span;
+      w.v = e.bank.data() + e.rng.next() % span;
+      auto t0 = Clock::now();
+      check(pkv_write(pool.p, &w), "pkv_write");
+      check(pkv_context_synchronize(e.ctx), "pkv_context_synchronize");
+      if (i >= warm) t.push_back(us_since(t0));
+    }
+    pool.close();
+    r.us = median(t);
+    r.rows_per_s = r.rows / (r.us * 1e-6);
+    r.src_gbs = (double)r.rows * row_vals * 2 * 2 / r.us / 1e3; // K and V, 2 bytes a value
+    r.page_gbs = (double)r.rows * token_bytes(s, fmt, fmt) / r.us / 1e3;
+  } catch (const Skipped &x) {
+    r.status = "skipped";
+    r.reason = x.what();
+  } catch (const Failure &x) {
+    r.status = "error";
+    r.reason = x.what();
+  }
+  return r;
+}
+
+} // namespace bench

@@ -1,0 +1,151 @@
+// Decode measurement: the paged pool against a contiguous, padded baseline of the same batch.
+#include "measure.hpp"
+#include "pools.hpp"
+
+#include <algorithm>
+#include <new>
+
+namespace bench {
+
+namespace {
+
+// Layers of a batch of `bytes` (per layer) that make up at least --rotate-mb (at most 64).
+uint32_t copies_for(const Env &e, uint64_t bytes) {
+  return (uint32_t)std::min<uint64_t>(64, std::max<uint64_t>(1, (e.rotate_bytes + bytes - 1) / bytes));
+}
+
+// A pool of `copies` layers holding one batch (sequences filled one at a time), and one decode call
+// (pkv_decode + pkv_context_synchronize) of a layer. Calls rotate over the layers, as an engine's
+// step does, so caches do not flatter the result and the plan is made once per batch.
+struct DecodePool {
+  PoolGuard pool;
+  std::vector<pkv_seq> seqs;
+  std::vector<uint16_t> q, out;
+  BenchDevice *dev = nullptr; // q and out live on it when set, as an engine's would
+  void *dev_q = nullptr, *dev_out = nullptr;
+
+  DecodePool() = default;
+  DecodePool(const DecodePool &) = delete;
+  DecodePool &operator=(const DecodePool &) = delete;
+  ~DecodePool() {
+    if (!dev) return;
+    dev->release(dev_q);
+    dev->release(dev_out);
+  }
+  pkv_decode_args args = PKV_DECODE_ARGS_INIT;
+  uint32_t b = 0, copies = 0;
+  uint64_t bytes = 0; // the pool's size
+
+  void build(Env &e, const Workload &w, const std::vector<uint32_t> &lens, uint32_t n_copies, uint32_t seed,
+             uint64_t reserved, uint32_t chunk_pages) {
+    const Shape &s = *w.shape;
+    b = (uint32_t)lens.size();
+    copies = n_copies;
+    uint64_t pages = 0;
+    for (uint32_t l : lens) pages += (l + w.page - 1) / w.page;
+    bytes = pool_bytes(e, s, *w.fmt, w.page, pages * copies, reserved);
+    uint32_t longest = *std::max_element(lens.begin(), lens.end());
+    make_pool(e, pool, s, w.fmt->k, w.fmt->v, w.page, pages, b, longest, seed, copies);
+    seqs.resize(b);
+    for (pkv_seq &x : seqs) check(pkv_seq_alloc(pool.p, &x), "pkv_seq_alloc");
+
+    pkv_format io = io_format(*w.fmt);
+    size_t qn = (size_t)b * w.qtok * s.hq * s.d;
+    q = random_values(e, io, qn);
+    out.assign(qn, 0);
+    args.count = b;
+    args.q_heads = s.hq;
+    args.q_tokens = w.qtok;
+    args.q_format = io;
+    args.out_format = io;
+    args.chunk_pages = chunk_pages;
+    args.memory = PKV_MEMORY_HOST;
+    args.q = q.data();
+    args.out = out.data();
+    if (e.dev) {
+      dev = e.dev.get();
+      dev_q = dev->alloc(q.size() * 2);
+      dev_out = dev->alloc(out.size() * 2);
+      dev->upload(dev_q, q.data(), q.size() * 2);
+      args.memory = PKV_MEMORY_DEVICE;
+      args.q = dev_q;
+      args.out = dev_out;
+    }
+    call(e, 0); // on the empty sequences: an unsupported call is reported before the fill
+    for (size_t i = 0; i < seqs.size(); i++) fill_seq(e, pool.p, seqs[i], lens[i], (size_t)s.hkv * s.d, copies);
+  }
+
+  double call(Env &e, uint32_t i) { // microseconds
+    args.seqs = seqs.data();
+    args.layer = i % copies;
+    if (dev) { // device time on the bench's stream: the call's upload, kernels and any gap between them
+      dev->start();
+      check(pkv_decode(pool.p, &args), "pkv_decode");
+      return dev->stop_us();
+    }
+    auto t0 = Clock::now();
+    check(pkv_decode(pool.p, &args), "pkv_decode");
+    check(pkv_context_synchronize(e.ctx), "pkv_context_synchronize");
+    return us_since(t0);
+  }
+};
+
+} // namespace
+
+// The paged pool and the baseline pool are built side by side and their calls interleaved, so a
+// disturbance during the run (another process, clock changes) touches both alike.
+DecodeResult measure_decode(Env &e, const Workload &w) {
+  DecodeResult r;
+  r.w = &w;
+  uint64_t per_token = token_bytes(*w.shape, w.fmt->k, w.fmt->v);
+  uint32_t longest = *std::max_element(w.lens.begin(), w.lens.end());
+  r.bytes = sum_of(w.lens) * per_token;
+  r.base_bytes = (uint64_t)w.lens.size() * longest * per_token;
+  try {
+    if (r.bytes > 40000000000ull) throw Skipped("over 40 GB of K/V");
+    r.copies = copies_for(e, r.bytes);
+    DecodePool paged, base;
+    paged.build(e, w, w.lens, r.copies, kPagedSeed, 0, e.chunk_pages);
+    try { // baseline: every sequence padded to the longest, identity page order, contiguous
+      r.base_copies = copies_for(e, r.base_bytes);
+      // The planner's split: a forced one (--chunk-pages) is compared against the reference.
+      base.build(e, w, std::vector<uint32_t>(w.lens.size(), longest), r.base_copies, 0, paged.bytes, 0);
+    } catch (const Skipped &x) {
+      r.base_reason = x.what();
+      base.pool.close();
+    }
+    bool with_base = r.base_reason.empty();
+    uint32_t warm = std::max<uint32_t>(std::max(r.copies, r.base_copies), 5);
+    for (uint32_t i = 0; i < warm; i++) {
+      paged.call(e, i);
+      if (with_base) base.call(e, i);
+    }
+    std::vector<double> tp, tbase;
+    for (uint32_t i = warm; i < warm + e.iters; i++) {
+      tp.push_back(paged.call(e, i));
+      if (with_base) tbase.push_back(base.call(e, i));
+    }
+    paged.pool.close();
+    if (with_base) base.pool.close();
+    r.us = median(tp);
+    r.min_us = *std::min_element(tp.begin(), tp.end());
+    r.gbs = (double)r.bytes / r.us / 1e3;
+    r.pct = e.bw_gbs > 0 ? 100.0 * r.gbs / e.bw_gbs : 0;
+    if (with_base) {
+      r.base_us = median(tbase);
+      r.ratio = r.base_us / r.us;
+    }
+  } catch (const Skipped &x) {
+    r.status = "skipped";
+    r.reason = x.what();
+  } catch (const std::bad_alloc &) {
+    r.status = "skipped";
+    r.reason = "host out of memory";
+  } catch (const Failure &x) {
+    r.status = "error";
+    r.reason = x.what();
+  }
+  return r;
+}
+
+} // namespace bench

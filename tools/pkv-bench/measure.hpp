@@ -1,0 +1,56 @@
+// The measurements, one file each: decode against the padded baseline (decode.cpp), append
+// throughput (append.cpp), host overhead (overhead.cpp). Each returns its rows' results; a skipped or
+// failed measurement says why in its result rather than throwing.
+#pragma once
+
+#include "common.hpp"
+#include "workloads.hpp"
+
+#include <string>
+#include <vector>
+
+namespace bench {
+
+// ---------------------------------------------------------------------------------------------
+// Decode: one row per workload, paged against the contiguous padded baseline.
+
+struct DecodeResult {
+  const Workload *w = nullptr;
+  std::string status = "ok", reason, base_reason;
+  uint64_t bytes = 0, base_bytes = 0;
+  uint32_t copies = 0, base_copies = 0;
+  double us = 0, min_us = 0, gbs = 0, pct = 0, base_us = 0, ratio = 0;
+};
+
+DecodeResult measure_decode(Env &e, const Workload &w);
+
+// ---------------------------------------------------------------------------------------------
+// Append throughput: 1 token to each of 128 sequences per step, and a 4K-token prefill chunk into
+// one sequence; host F16 source, gqa4-d128, pkv_write (+ synchronize) timed.
+
+struct AppendResult {
+  std::string id, status = "ok", reason;
+  pkv_format fmt = PKV_FORMAT_INVALID;
+  uint32_t rows = 0; // rows (tokens) per timed call
+  double us = 0, rows_per_s = 0, src_gbs = 0, page_gbs = 0;
+};
+
+AppendResult measure_append(Env &e, pkv_format fmt, bool prefill);
+
+// ---------------------------------------------------------------------------------------------
+// Host overhead: ns per pool operation, us per decode call on a tiny batch (1 sequence, 16 tokens).
+
+struct OverheadItem {
+  const char *id, *what, *unit;
+};
+extern const OverheadItem kOverhead[5];
+
+struct OverheadResult {
+  std::string id, what, unit, status = "ok", reason;
+  double value = 0;
+};
+
+// The items whose id contains filter (all with an empty one).
+std::vector<OverheadResult> measure_overhead(Env &e, const std::string &filter);
+
+} // namespace bench
