@@ -28,7 +28,7 @@ inline uint32_t parse_tokens(const std::string &s) {
   return (!s.empty() && s.back() == 'K') ? v * 1024 : v;
 }
 
-// The lengths of a batch; an empty list where nothing parses.
+// The lengths of a batch; an empty list where any run does not parse.
 inline std::vector<uint32_t> parse_batch(const std::string &text) {
   std::vector<uint32_t> lens;
   size_t pos = 0;
@@ -47,6 +47,8 @@ inline std::vector<uint32_t> parse_batch(const std::string &text) {
       double hi = std::log((double)parse_tokens(run.substr(dots + 2)));
       Rng rng{20261129};
       for (uint32_t i = 0; i < n; i++) lens.push_back((uint32_t)std::lround(std::exp(lo + (hi - lo) * rng.unit())));
+    } else {
+      return {};
     }
     pos = end + 1;
   }
