@@ -49,6 +49,26 @@ struct GatherArgs : RowTransfer {
   void *k, *v; // either may be null
 };
 
+// The kernel families a backend may decode with: the CPU's own loop; on a GPU the generic kernel
+// (any format and head_dim), the CUDA-core kernel and the tensor-core kernel (F16/BF16/Q8_0/Q4_0
+// pages, head_dim 64, 128 and 256).
+enum class KernelFamily : uint32_t { cpu, generic, cuda_core, tensor_core };
+
+// How a backend runs a pool's decode for a number of query rows a KV head serves: its kernel and
+// launch shape, and the planner's inputs. Plain data, decided once and kept by the pool's plan cache.
+struct DecodeConfig {
+  KernelFamily family = KernelFamily::cpu;
+  void *kernel = nullptr;   // the backend's handle of the kernel function (null for the CPU)
+  uint32_t tile = 0;        // the tensor-core kernel's tile kind (its own numbering)
+  uint32_t stages = 0;      // K/V stages a block keeps in shared memory (0: not staged)
+  uint32_t blocks_per_sm = 0; // blocks a multiprocessor holds at once (0: not a GPU kernel)
+  uint32_t row_tiles = 1;   // workers a (chunk, KV head) takes: its query rows over a block's
+  uint32_t mtiles = 1;      // the tensor-core kernel's wide row tiles a block
+  uint32_t threads[3] = {1, 1, 1}; // a block's shape
+  uint32_t shared_bytes = 0;
+  PlanConfig plan;
+};
+
 // One layer's attention for a batch; sequence b's pages are the page-table row seq_slots[b]. Query
 // token t of q_tokens attends positions [0, length - q_tokens + t].
 struct DecodeBatch {
@@ -62,9 +82,9 @@ struct DecodeBatch {
   float *lse;
   const uint32_t *seq_slots; // host, count
   const uint32_t *lengths;   // host, count
-  const DecodePlan *plan;
-  // The pool's plan buffer (PoolGeometry::plan) already holds this plan for these seq_slots, so the
-  // call need not upload it.
+  const DecodeConfig *config; // the backend's, for this pool and batch shape
+  const DecodePlan *plan;     // made from config.plan
+  // The pool's plan buffer (PoolGeometry::plan) already holds this plan, so the call need not upload it.
   bool plan_resident;
 };
 
@@ -72,22 +92,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual pkv_backend kind() const = 0;
-  // How many work items run at once for a pool's decode with `rows` query rows per KV head (threads;
-  // multiprocessors times the decode kernel's blocks per multiprocessor), and the shortest chunk
-  // worth a work item of its own: what the planner splits contexts by.
-  virtual uint32_t workers(const PoolGeometry &g, uint32_t rows) = 0;
-  // Of those, how many together already run at the backend's full rate (a GPU kernel bound by memory
-  // bandwidth reaches it with fewer blocks than fit): more share that rate and add per-item costs.
-  virtual uint32_t full_rate_workers(const PoolGeometry &g, uint32_t rows) { return workers(g, rows); }
-  virtual uint32_t min_chunk_tokens() const = 0;
-  // The tokens a work item takes at a time (a GPU block's stage): a chunk's partial last granule costs
-  // a whole one, so the planner's chunks are whole granules. 1: any whole pages.
-  virtual uint32_t chunk_granule_tokens() const { return 1; }
-  // Whether decode takes balanced plans (DecodePlan::workers: its full-rate workers take items w,
-  // w + workers, ... in turn, and items may be one KV head's) for `rows` query rows a KV head.
-  virtual Balance plan_balance(const PoolGeometry &, uint32_t) { return Balance::never; }
-  // What a pool's plan buffer holds, and its bytes (0: the backend keeps no plan buffer).
-  virtual PlanLimits plan_limits(const PoolGeometry &) { return {}; }
+  // The kernel and plan configuration for a pool's decode with `rows` query rows a KV head. The
+  // pool asks once per shape and keeps the answer.
+  virtual DecodeConfig decode_config(const PoolGeometry &g, uint32_t rows) = 0;
+  // The bytes of a pool's plan buffer (0: the backend keeps no plan buffer).
   virtual uint64_t plan_buffer_bytes(const PoolGeometry &) { return 0; }
 
   // Throws PKV_ERR_OUT_OF_MEMORY when the device has too little. Memory need not be zeroed.

@@ -25,7 +25,7 @@ struct AttendScratch {
 struct ChunkTask {
   const PoolGeometry *g;
   const DecodeBatch *b;
-  const DecodeChunk *chunk;
+  const PlanRecord *chunk;
   uint32_t kv_head;
   float *out; // [q_tokens * group][head_dim]
   float *lse; // [q_tokens * group]

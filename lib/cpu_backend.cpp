@@ -30,9 +30,13 @@ class CpuBackend final : public Backend {
       : attend_(attend), workers_(threads), scratch_(workers_.threads()), row_(workers_.threads()) {}
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
-  uint32_t workers(const PoolGeometry &, uint32_t) override { return workers_.threads(); }
-  // A work item costs a thread hand-off: worth it for a few hundred tokens.
-  uint32_t min_chunk_tokens() const override { return 256; }
+  // Every thread at the full rate; an item costs a thread hand-off: worth it for a few hundred tokens.
+  DecodeConfig decode_config(const PoolGeometry &, uint32_t) override {
+    DecodeConfig c;
+    c.plan.workers = c.plan.full_rate_workers = workers_.threads();
+    c.plan.fixed_cost_tokens = 256;
+    return c;
+  }
 
   // calloc keeps never-written slots at zero (and cheap: the OS zeroes pages lazily); the block is
   // over-allocated so the pool can start 64-byte aligned like a device allocation.
@@ -102,11 +106,11 @@ class CpuBackend final : public Backend {
     apply(g, b.table);
     const DecodePlan &plan = *b.plan;
     const uint32_t D = g.head_dim, rows = b.q_tokens * (b.q_heads / g.kv_heads);
-    const size_t items = plan.chunks.size() * g.kv_heads;
+    const size_t items = size_t(plan.chunks()) * g.kv_heads;
     part_out_.resize(items * rows * D);
     part_lse_.resize(items * rows);
     workers_.run(uint32_t(items), [&](uint32_t item, uint32_t worker) {
-      ChunkTask t{&g, &b, &plan.chunks[item / g.kv_heads], item % g.kv_heads,
+      ChunkTask t{&g, &b, &plan.chunk(item / g.kv_heads), item % g.kv_heads,
                   &part_out_[size_t(item) * rows * D], &part_lse_[size_t(item) * rows], &scratch_[worker]};
       attend_.run(t);
     });

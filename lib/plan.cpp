@@ -1,12 +1,20 @@
 #include "plan.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 namespace pkv {
 
 namespace {
+
+// The planner's inputs in one place.
+struct PlanRequest {
+  const uint32_t *lengths;
+  uint32_t count, page_size, kv_heads, chunk_pages;
+  uint32_t workers, full_rate_workers, min_chunk_tokens, granule_tokens;
+  PlanLimits limits;
+  Balance balance;
+};
 
 // The most rounds of work items the planner considers: past that, chunks are short enough.
 constexpr uint64_t kMaxWaves = 4;
@@ -114,18 +122,18 @@ Choice choose_chunk_pages(const PlanRequest &req) {
   return {best, best_cost};
 }
 
-struct Piece {
+struct Item {
   uint32_t seq, head, token_begin, token_end, worker;
 };
 
 // The batch's sequences in whole granules, dealt out to `groups` as equal shares of granules (the
 // last may be shorter): a share that ends inside a sequence splits it. A group is kv_heads workers
-// (group g's for KV head h: g * kv_heads + h), and its piece of a sequence one piece for each KV
+// (group g's for KV head h: g * kv_heads + h), and its item of a sequence one item for each KV
 // head, the same tokens on each, so that a page's KV heads, whose rows lie together in it, are read
 // at about the same time: dealing each (sequence, KV head) pair's granules in turn measured up to
 // 6% slower (H200, docs/perf/decisions.md). An empty sequence takes empty
-// pieces, so their workers write its results. By pair, in token order.
-std::vector<Piece> deal(const PlanRequest &req, uint32_t groups, uint64_t *share) {
+// items, so their workers write its results. By pair, in token order.
+std::vector<Item> deal(const PlanRequest &req, uint32_t groups, uint64_t *share) {
   struct Span {
     uint32_t token_begin, token_end, group;
   };
@@ -133,7 +141,7 @@ std::vector<Piece> deal(const PlanRequest &req, uint32_t groups, uint64_t *share
   uint64_t total = 0;
   for (uint32_t b = 0; b < req.count; b++) total += (uint64_t(req.lengths[b]) + granule - 1) / granule;
   *share = std::max<uint64_t>(1, (total + groups - 1) / groups);
-  std::vector<Piece> pieces;
+  std::vector<Item> items;
   std::vector<Span> spans; // of one sequence
   uint32_t g = 0;
   uint64_t used = 0; // of group g's share
@@ -149,35 +157,35 @@ std::vector<Piece> deal(const PlanRequest &req, uint32_t groups, uint64_t *share
       if (used == *share) g++, used = 0;
     }
     for (uint32_t h = 0; h < req.kv_heads; h++)
-      for (const Span &s : spans) pieces.push_back({b, h, s.token_begin, s.token_end, s.group * req.kv_heads + h});
+      for (const Span &s : spans) items.push_back({b, h, s.token_begin, s.token_end, s.group * req.kv_heads + h});
   }
-  return pieces;
+  return items;
 }
 
-// A balanced plan over the whole groups of KV heads among `full_rate` workers (chunk j * workers + w:
-// worker w's j-th piece) and its cost in choose_chunk_pages' units: each of a worker's pieces costs
+// A balanced plan over the whole groups of KV heads among `full_rate` workers (record j * workers + w:
+// worker w's j-th item) and its cost in choose_chunk_pages' units: each of a worker's items costs
 // the fixed cost, its share's pages run at a lone worker's rate, and a split pair costs its partial
 // results and merge as a split sequence does. False where it would not fit the limits.
 bool balanced_plan(const PlanRequest &req, uint32_t full_rate, DecodePlan *plan, double *cost) {
   const uint32_t groups = uint32_t(chunk_slots(full_rate, req.kv_heads)), workers = groups * std::max<uint32_t>(1, req.kv_heads);
   uint64_t share = 0;
-  const std::vector<Piece> pieces = deal(req, groups, &share);
+  const std::vector<Item> items = deal(req, groups, &share);
   std::vector<uint32_t> round(workers, 0);
   uint32_t rounds = 0;
-  for (const Piece &p : pieces) rounds = std::max(rounds, ++round[p.worker]);
-  if (uint64_t(rounds) * workers > req.limits.pieces) return false;
+  for (const Item &p : items) rounds = std::max(rounds, ++round[p.worker]);
+  if (uint64_t(rounds) * workers > req.limits.records) return false;
   plan->workers = workers;
-  plan->chunks.assign(uint64_t(rounds) * workers, {kNoSeq, 0, 0, kNoPart, kAllHeads, kNoPart, 0});
+  plan->records.assign(uint64_t(rounds) * workers, {kNoSeq, 0, 0, kNoPart, 0, 0, kNoPart, 0, kAllHeads, {}});
   std::fill(round.begin(), round.end(), 0);
   uint64_t split_pairs = 0;
-  for (size_t i = 0, j; i < pieces.size(); i = j) {
-    for (j = i + 1; j < pieces.size() && pieces[j].seq == pieces[i].seq && pieces[j].head == pieces[i].head;) j++;
+  for (size_t i = 0, j; i < items.size(); i = j) {
+    for (j = i + 1; j < items.size() && items[j].seq == items[i].seq && items[j].head == items[i].head;) j++;
     const uint32_t siblings = uint32_t(j - i), first = siblings > 1 ? plan->parts : kNoPart;
     split_pairs += siblings > 1;
     for (size_t k = i; k < j; k++) {
-      const Piece &p = pieces[k];
-      plan->chunks[uint64_t(round[p.worker]++) * workers + p.worker] = {
-          p.seq, p.token_begin, p.token_end, siblings > 1 ? plan->parts++ : kNoPart, p.head, first, siblings};
+      const Item &p = items[k];
+      plan->records[uint64_t(round[p.worker]++) * workers + p.worker] = {
+          p.seq, p.token_begin, p.token_end, siblings > 1 ? plan->parts++ : kNoPart, 0, 0, first, siblings, p.head, {}};
       plan->chunk_tokens = std::max(plan->chunk_tokens, p.token_end - p.token_begin);
     }
   }
@@ -203,7 +211,19 @@ Counts count(const PlanRequest &req, uint64_t chunk_tokens) {
   return n;
 }
 
-std::atomic<uint64_t> g_generation{0};
+// Fills in the records' copies of their sequences' page-table rows and lengths, and, where the
+// backend takes a record per KV head, turns each chunk into one for each.
+void finish_records(const PlanConfig &config, const PlanBatch &batch, DecodePlan *plan) {
+  for (PlanRecord &r : plan->records)
+    if (r.seq != kNoSeq) r.slot = batch.slots[r.seq], r.length = batch.lengths[r.seq];
+  if (plan->workers || !config.record_per_head) return;
+  std::vector<PlanRecord> per_head;
+  per_head.reserve(plan->records.size() * batch.kv_heads);
+  for (PlanRecord r : plan->records)
+    for (r.head = 0; r.head < batch.kv_heads; r.head++) per_head.push_back(r);
+  plan->records.swap(per_head);
+  plan->records_per_chunk = batch.kv_heads;
+}
 
 } // namespace
 
@@ -215,17 +235,21 @@ PlanLimits chosen_plan_bounds(uint32_t max_sequences, uint32_t kv_heads, uint32_
   PlanLimits l;
   l.chunks = uint32_t(std::min<uint64_t>(UINT32_MAX, max_sequences + wanted));
   l.parts = uint32_t(std::min<uint64_t>(UINT32_MAX, std::max<uint64_t>(2 * wanted, 512)));
-  l.pieces = uint32_t(std::min<uint64_t>(UINT32_MAX, uint64_t(l.chunks) * std::max<uint32_t>(1, kv_heads)));
+  l.records = uint32_t(std::min<uint64_t>(UINT32_MAX, uint64_t(l.chunks) * std::max<uint32_t>(1, kv_heads)));
   return l;
 }
 
-DecodePlan make_plan(const PlanRequest &req) {
+DecodePlan make_plan(const PlanConfig &config, const PlanBatch &batch) {
+  const PlanRequest req{batch.lengths,           batch.count,          batch.page_size,
+                        batch.kv_heads,          batch.chunk_pages,    config.workers,
+                        config.full_rate_workers, config.fixed_cost_tokens, config.granule_tokens,
+                        config.limits,           config.balance};
   const Choice choice = req.chunk_pages ? Choice{req.chunk_pages, INFINITY} : choose_chunk_pages(req);
   if (req.balance != Balance::never && !req.chunk_pages && req.count) {
     DecodePlan balanced;
     double cost = INFINITY;
     if (balanced_plan(req, full_rate_of(req), &balanced, &cost) && (req.balance == Balance::always || cost < choice.cost)) {
-      balanced.generation = ++g_generation;
+      finish_records(config, batch, &balanced);
       return balanced;
     }
   }
@@ -238,47 +262,22 @@ DecodePlan make_plan(const PlanRequest &req) {
   const uint64_t chunk_tokens = std::min<uint64_t>(UINT32_MAX, chunk_pages * req.page_size);
   DecodePlan plan;
   plan.chunk_tokens = uint32_t(chunk_tokens);
-  plan.generation = ++g_generation;
   plan.seq_chunks.reserve(req.count + 1);
   for (uint32_t b = 0; b < req.count; b++) {
-    plan.seq_chunks.push_back(uint32_t(plan.chunks.size()));
+    plan.seq_chunks.push_back(uint32_t(plan.records.size()));
     // An empty sequence gets one empty chunk, so whoever runs the chunk writes its result (0, -inf).
     const uint32_t siblings = uint32_t(std::max<uint64_t>(1, (uint64_t(req.lengths[b]) + chunk_tokens - 1) / chunk_tokens));
     const uint32_t first = siblings > 1 ? plan.parts : kNoPart;
     uint64_t t = 0;
     do {
-      plan.chunks.push_back({b, uint32_t(t), uint32_t(std::min<uint64_t>(req.lengths[b], t + chunk_tokens)),
-                             siblings > 1 ? plan.parts++ : kNoPart, kAllHeads, first, siblings});
+      plan.records.push_back({b, uint32_t(t), uint32_t(std::min<uint64_t>(req.lengths[b], t + chunk_tokens)),
+                              siblings > 1 ? plan.parts++ : kNoPart, 0, 0, first, siblings, kAllHeads, {}});
       t += chunk_tokens;
     } while (t < req.lengths[b]);
   }
-  plan.seq_chunks.push_back(uint32_t(plan.chunks.size()));
+  plan.seq_chunks.push_back(uint32_t(plan.records.size()));
+  finish_records(config, batch, &plan);
   return plan;
-}
-
-const DecodePlan &PlanCache::get(const PlanRequest &req) {
-  const bool same = valid_ && req.page_size == page_size_ && req.kv_heads == kv_heads_ &&
-                    req.chunk_pages == chunk_pages_ && req.workers == workers_ &&
-                    req.full_rate_workers == full_rate_workers_ &&
-                    req.min_chunk_tokens == min_chunk_tokens_ && req.granule_tokens == granule_tokens_ &&
-                    req.limits.chunks == limits_.chunks && req.limits.parts == limits_.parts &&
-                    req.limits.pieces == limits_.pieces && req.balance == balance_ && lengths_.size() == req.count &&
-                    std::equal(lengths_.begin(), lengths_.end(), req.lengths);
-  if (same) return plan_;
-  valid_ = false; // stays so if make_plan throws
-  plan_ = make_plan(req);
-  lengths_.assign(req.lengths, req.lengths + req.count);
-  page_size_ = req.page_size;
-  kv_heads_ = req.kv_heads;
-  chunk_pages_ = req.chunk_pages;
-  workers_ = req.workers;
-  full_rate_workers_ = req.full_rate_workers;
-  min_chunk_tokens_ = req.min_chunk_tokens;
-  granule_tokens_ = req.granule_tokens;
-  limits_ = req.limits;
-  balance_ = req.balance;
-  valid_ = true;
-  return plan_;
 }
 
 } // namespace pkv

@@ -377,11 +377,9 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   pkv::Backend &backend = *ctx_->backend;
   std::lock_guard<std::mutex> device(ctx_->mu);
   const uint32_t rows = a.q_tokens * (a.q_heads / geometry_.kv_heads);
-  const pkv::DecodePlan &plan =
-      plans_.get({lengths.data(), a.count, geometry_.page_size, geometry_.kv_heads, a.chunk_pages,
-                  backend.workers(geometry_, rows), backend.full_rate_workers(geometry_, rows),
-                  backend.min_chunk_tokens(), backend.chunk_granule_tokens(), backend.plan_limits(geometry_),
-                  backend.plan_balance(geometry_, rows)});
+  const pkv::PlanCache::Entry &planned =
+      plans_.get(backend, geometry_, rows, {lengths.data(), slots.data(), a.count, geometry_.page_size,
+                                            geometry_.kv_heads, a.chunk_pages});
 
   pkv::DecodeBatch batch{};
   batch.table = table_updates();
@@ -398,14 +396,14 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   batch.lse = a.lse;
   batch.seq_slots = slots.data();
   batch.lengths = lengths.data();
-  batch.plan = &plan;
-  batch.plan_resident = plan.generation == resident_plan_ && slots == resident_slots_;
-  resident_plan_ = 0; // unknown until the call below succeeds
+  batch.config = &planned.config;
+  batch.plan = &planned.plan;
+  batch.plan_resident = planned.resident;
+  plans_.set_resident(false); // unknown until the call below succeeds
   if (launch) backend.decode(geometry_, batch);
   else backend.prepare_decode(geometry_, batch);
   pending_.clear();
-  resident_plan_ = plan.generation;
-  resident_slots_ = slots;
+  plans_.set_resident(true);
 }
 
 pkv_pool_stats pkv_pool::stats() {

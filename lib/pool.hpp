@@ -10,7 +10,7 @@
 #include "context.hpp"
 #include "handle_table.hpp"
 #include "page_allocator.hpp"
-#include "plan.hpp"
+#include "plan_cache.hpp"
 #include "pagedkv.h"
 
 struct pkv_pool {
@@ -80,7 +80,4 @@ struct pkv_pool {
   uint64_t max_length_;
   std::vector<pkv::TableEntry> pending_;
   pkv::PlanCache plans_; // under mu_, like everything the pool's calls touch
-  // The plan in the backend's plan buffer (its generation; 0 when unknown) and the slots it was for.
-  uint64_t resident_plan_ = 0;
-  std::vector<uint32_t> resident_slots_;
 };

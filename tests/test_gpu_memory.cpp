@@ -406,18 +406,18 @@ void capture_refused_on_hip(void **) {
 }
 
 // Where a block of the tensor-core kernel does not fit the device's shared memory (head_dim 256 on
-// sm_86/sm_89's 99 KB, stood in for by PKV_TEST_SHARED_LIMIT), the CUDA-core kernel decodes, and a
+// sm_86/sm_89's 99 KB, stood in for by PKV_SHARED_LIMIT), the CUDA-core kernel decodes, and a
 // capture is refused. Last in the list: a failure leaves the variable set.
 void tensor_core_kernel_needs_its_shared_memory(void **) {
   tu_rng rng = tu_rng_make(tu_seed());
   const Driver *cu = driver_or_skip(PKV_BACKEND_CUDA);
-  tu_set_env("PKV_TEST_SHARED_LIMIT", "101376"); // sm_86/sm_89: 99 KB a block
+  tu_set_env("PKV_SHARED_LIMIT", "101376"); // sm_86/sm_89: 99 KB a block
   {
     EngineStream e(*cu, PKV_BACKEND_CUDA);
     const uint32_t n[2] = {1 + tu_below(&rng, 50), 200 + tu_below(&rng, 1500)};
     capture_is_refused(e, pu_desc(1, 2, 256, 16, 256, 2, PKV_FORMAT_F16, PKV_FORMAT_F16), n, "shared memory", &rng);
   }
-  tu_set_env("PKV_TEST_SHARED_LIMIT", nullptr);
+  tu_set_env("PKV_SHARED_LIMIT", nullptr);
 }
 
 } // namespace

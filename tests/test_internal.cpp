@@ -63,7 +63,7 @@ void chunk_ending_near_2_to_the_32(const char *variant) {
   b.q = q.data();
   b.seq_slots = &slot;
   b.lengths = &length;
-  const DecodeChunk chunk{0, length - tokens, length, kNoPart, kAllHeads, kNoPart, 1};
+  const PlanRecord chunk{0, length - tokens, length, kNoPart, slot, length, kNoPart, 1, kAllHeads, {}};
   AttendScratch scratch;
   const ChunkTask task{&g, &b, &chunk, 0, out.data(), &lse, &scratch};
   const AttendKernel kernel = attend_kernel(variant);

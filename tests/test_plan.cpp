@@ -16,7 +16,9 @@ extern "C" {
 #include <algorithm>
 #include <vector>
 
+#include "backend.hpp"
 #include "plan.hpp"
+#include "plan_cache.hpp"
 extern "C" {
 #include "testutil.h"
 }
@@ -30,23 +32,66 @@ struct Batch {
   uint32_t page_size, kv_heads, workers;
   uint32_t full_rate_workers = 0; // 0: all workers
   uint32_t granule_tokens = 64;    // a GPU block's stage
+  bool record_per_head = false;
+  std::vector<uint32_t> slots = {}; // page-table rows; empty: 1000 + the batch index
+
+  uint32_t slot(uint32_t s) const { return slots.empty() ? 1000 + s : slots[s]; }
 };
 
-PlanRequest request(const Batch &b, uint32_t chunk_pages, PlanLimits limits, Balance balance = Balance::never) {
-  return PlanRequest{b.lengths.data(), uint32_t(b.lengths.size()), b.page_size, b.kv_heads, chunk_pages,
-                     b.workers, b.full_rate_workers ? b.full_rate_workers : b.workers, 64, b.granule_tokens, limits,
-                     balance};
+PlanConfig config(const Batch &b, PlanLimits limits, Balance balance) {
+  PlanConfig c;
+  c.workers = b.workers;
+  c.full_rate_workers = b.full_rate_workers ? b.full_rate_workers : b.workers;
+  c.fixed_cost_tokens = 64;
+  c.granule_tokens = b.granule_tokens;
+  c.limits = limits;
+  c.balance = balance;
+  c.record_per_head = b.record_per_head;
+  return c;
+}
+
+DecodePlan plan_of(const Batch &b, uint32_t chunk_pages, PlanLimits limits, Balance balance = Balance::never) {
+  std::vector<uint32_t> slots(b.lengths.size());
+  for (uint32_t s = 0; s < slots.size(); s++) slots[s] = b.slot(s);
+  return make_plan(config(b, limits, balance),
+                   {b.lengths.data(), slots.data(), uint32_t(b.lengths.size()), b.page_size, b.kv_heads, chunk_pages});
+}
+
+// A record's copies of its sequence's page-table row and length.
+void check_sequence_copy(const Batch &b, const PlanRecord &r) {
+  if (r.seq == kNoSeq) {
+    assert_int_equal(r.slot, 0);
+    assert_int_equal(r.length, 0);
+    return;
+  }
+  assert_int_equal(r.slot, b.slot(r.seq));
+  assert_int_equal(r.length, b.lengths[r.seq]);
 }
 
 // Chunks in sequence order, each sequence's contiguous from 0 to its length (one empty chunk for an
 // empty sequence), boundaries on pages, none longer than chunk_tokens; parts 0.. in order over split
-// sequences, kNoPart for whole ones.
+// sequences, kNoPart for whole ones; each chunk one record of every KV head, or, where the backend
+// takes a record per KV head, one for each in head order, alike but for the head.
 void check_tiles(const Batch &b, const DecodePlan &p) {
   const uint32_t count = uint32_t(b.lengths.size());
   assert_int_equal(p.seq_chunks.size(), count + 1);
   assert_int_equal(p.seq_chunks[0], 0);
-  assert_int_equal(p.seq_chunks[count], p.chunks.size());
+  assert_int_equal(p.seq_chunks[count], p.chunks());
   assert_int_equal(p.workers, 0);
+  const uint32_t per_chunk = b.record_per_head ? b.kv_heads : 1;
+  assert_int_equal(p.records_per_chunk, per_chunk);
+  assert_int_equal(p.records.size(), uint64_t(p.chunks()) * per_chunk);
+  for (size_t i = 0; i < p.records.size(); i++) {
+    const PlanRecord &r = p.records[i], &first = p.records[i - i % per_chunk];
+    check_sequence_copy(b, r);
+    assert_int_equal(r.head, b.record_per_head ? uint32_t(i % per_chunk) : kAllHeads);
+    assert_int_equal(r.seq, first.seq);
+    assert_int_equal(r.token_begin, first.token_begin);
+    assert_int_equal(r.token_end, first.token_end);
+    assert_int_equal(r.part, first.part);
+    assert_int_equal(r.first_part, first.first_part);
+    assert_int_equal(r.siblings, first.siblings);
+  }
   uint32_t next_part = 0;
   for (uint32_t s = 0; s < count; s++) {
     const uint32_t first = p.seq_chunks[s], last = p.seq_chunks[s + 1];
@@ -54,15 +99,14 @@ void check_tiles(const Batch &b, const DecodePlan &p) {
     const bool split = last - first > 1;
     uint32_t at = 0;
     for (uint32_t c = first; c < last; c++) {
-      const DecodeChunk &ch = p.chunks[c];
+      const PlanRecord &ch = p.chunk(c);
       assert_int_equal(ch.seq, s);
-      assert_int_equal(ch.head, kAllHeads);
       assert_int_equal(ch.token_begin, at);
       assert_true(ch.token_end >= ch.token_begin);
       assert_true(ch.token_end - ch.token_begin <= p.chunk_tokens);
       if (ch.token_end != b.lengths[s]) assert_int_equal(ch.token_end % b.page_size, 0);
       assert_true(ch.token_end > ch.token_begin || b.lengths[s] == 0);
-      assert_int_equal(ch.first_part, split ? p.chunks[first].part : kNoPart);
+      assert_int_equal(ch.first_part, split ? p.chunk(first).part : kNoPart);
       assert_int_equal(ch.siblings, last - first);
       assert_int_equal(ch.part, split ? next_part++ : kNoPart);
       at = ch.token_end;
@@ -82,17 +126,19 @@ void check_balanced(const Batch &b, const DecodePlan &p, uint32_t full_rate) {
   const uint32_t count = uint32_t(b.lengths.size());
   const uint32_t groups = std::max<uint32_t>(1, full_rate / b.kv_heads), workers = groups * b.kv_heads;
   assert_int_equal(p.workers, workers);
-  assert_int_equal(p.chunks.size() % workers, 0);
+  assert_int_equal(p.records.size() % workers, 0);
+  assert_int_equal(p.records_per_chunk, 1);
   const uint64_t granule = (b.granule_tokens + b.page_size - 1) / b.page_size * b.page_size;
   uint64_t total = 0;
   for (uint32_t len : b.lengths) total += (len + granule - 1) / granule;
   const uint64_t share = std::max<uint64_t>(1, (total + groups - 1) / groups);
-  std::vector<std::vector<const DecodeChunk *>> pair(uint64_t(count) * b.kv_heads);
+  std::vector<std::vector<const PlanRecord *>> pair(uint64_t(count) * b.kv_heads);
   for (uint32_t w = 0; w < workers; w++) {
     uint64_t granules = 0;
     bool filler = false;
-    for (size_t c = w; c < p.chunks.size(); c += workers) {
-      const DecodeChunk &ch = p.chunks[c], &lead = p.chunks[c - w % b.kv_heads]; // the group's first worker's
+    for (size_t c = w; c < p.records.size(); c += workers) {
+      const PlanRecord &ch = p.records[c], &lead = p.records[c - w % b.kv_heads]; // the group's first worker's
+      check_sequence_copy(b, ch);
       assert_int_equal(ch.seq, lead.seq);
       assert_int_equal(ch.token_begin, lead.token_begin);
       assert_int_equal(ch.token_end, lead.token_end);
@@ -111,14 +157,14 @@ void check_balanced(const Batch &b, const DecodePlan &p, uint32_t full_rate) {
   std::vector<int> part_used(p.parts, 0);
   for (uint32_t s = 0; s < count; s++) {
     for (uint32_t h = 0; h < b.kv_heads; h++) {
-      std::vector<const DecodeChunk *> pieces = pair[uint64_t(s) * b.kv_heads + h];
+      std::vector<const PlanRecord *> pieces = pair[uint64_t(s) * b.kv_heads + h];
       assert_true(!pieces.empty());
       std::sort(pieces.begin(), pieces.end(),
-                [](const DecodeChunk *x, const DecodeChunk *y) { return x->token_begin < y->token_begin; });
+                [](const PlanRecord *x, const PlanRecord *y) { return x->token_begin < y->token_begin; });
       const bool split = pieces.size() > 1;
       uint32_t at = 0;
       for (size_t k = 0; k < pieces.size(); k++) {
-        const DecodeChunk &ch = *pieces[k];
+        const PlanRecord &ch = *pieces[k];
         assert_int_equal(ch.token_begin, at);
         assert_true(ch.token_end > ch.token_begin || b.lengths[s] == 0);
         assert_true(ch.token_end - ch.token_begin <= p.chunk_tokens);
@@ -145,7 +191,9 @@ Batch random_batch(tu_rng *r) {
   b.workers = 1 + tu_below(r, 600);
   if (tu_below(r, 2)) b.full_rate_workers = 1 + tu_below(r, b.workers);
   b.granule_tokens = tu_below(r, 2) ? 64 : 1 + tu_below(r, 300);
+  b.record_per_head = tu_below(r, 2);
   const uint32_t count = 1 + tu_below(r, 64);
+  for (uint32_t i = 0; i < count; i++) b.slots.push_back(tu_below(r, 1u << 20));
   for (uint32_t i = 0; i < count; i++) {
     // Mostly short, some empty, a few long: the ragged batches engines decode.
     const uint32_t kind = tu_below(r, 8);
@@ -159,27 +207,27 @@ void test_random_plans_tile_and_fit(void **) {
   for (int round = 0; round < 300; round++) {
     const Batch b = random_batch(&r);
     const PlanLimits bounds = chosen_plan_bounds(uint32_t(b.lengths.size()), b.kv_heads, b.workers);
-    const DecodePlan chosen = make_plan(request(b, 0, bounds));
+    const DecodePlan chosen = plan_of(b, 0, bounds);
     check_tiles(b, chosen);
     // In whole granules (a GPU block's stage: a partial one costs a whole one).
     const uint32_t granule_pages = (b.granule_tokens + b.page_size - 1) / b.page_size;
     assert_int_equal(chosen.chunk_tokens % (granule_pages * b.page_size), 0);
-    assert_true(chosen.chunks.size() <= bounds.chunks);
+    assert_true(chosen.chunks() <= bounds.chunks);
     assert_true(chosen.parts <= bounds.parts);
     // A chosen plan needs no coarsening: it is the same when made without limits.
-    const DecodePlan free_plan = make_plan(request(b, 0, PlanLimits{}));
+    const DecodePlan free_plan = plan_of(b, 0, PlanLimits{});
     assert_int_equal(free_plan.chunk_tokens, chosen.chunk_tokens);
-    assert_int_equal(free_plan.chunks.size(), chosen.chunks.size());
+    assert_int_equal(free_plan.chunks(), chosen.chunks());
 
     // An explicit chunk size is kept when its plan fits, else coarsened until it does.
     const uint32_t pages = 1 + tu_below(&r, 64);
-    const DecodePlan forced = make_plan(request(b, pages, PlanLimits{}));
+    const DecodePlan forced = plan_of(b, pages, PlanLimits{});
     check_tiles(b, forced);
     assert_int_equal(forced.chunk_tokens, pages * b.page_size);
     const PlanLimits tight{uint32_t(b.lengths.size()) + tu_below(&r, 8), 1 + tu_below(&r, 8)};
-    const DecodePlan coarse = make_plan(request(b, pages, tight));
+    const DecodePlan coarse = plan_of(b, pages, tight);
     check_tiles(b, coarse);
-    assert_true(coarse.chunks.size() <= tight.chunks);
+    assert_true(coarse.chunks() <= tight.chunks);
     assert_true(coarse.parts <= tight.parts);
     assert_true(coarse.chunk_tokens >= pages * b.page_size);
   }
@@ -197,17 +245,17 @@ void test_uniform_batch_fills_workers(void **) {
     const uint32_t count = 1 + tu_below(&r, 32), slots = count * (2 + tu_below(&r, 7));
     b.workers = slots * b.kv_heads;
     b.lengths.assign(count, 16 * (4096 + tu_below(&r, 4096))); // long enough that every split pays
-    const DecodePlan p = make_plan(request(b, 0, PlanLimits{}));
+    const DecodePlan p = plan_of(b, 0, PlanLimits{});
     check_tiles(b, p);
-    assert_int_equal(p.chunks.size(), slots);
+    assert_int_equal(p.chunks(), slots);
     for (uint32_t s = 0; s < count; s++) assert_int_equal(chunks_of_seq(p, s), slots / count);
 
     // Where a part of the workers already runs at the full rate, one round over just those.
     const uint32_t full_rate_slots = count * (1 + tu_below(&r, slots / count));
     b.full_rate_workers = full_rate_slots * b.kv_heads;
-    const DecodePlan q = make_plan(request(b, 0, PlanLimits{}));
+    const DecodePlan q = plan_of(b, 0, PlanLimits{});
     check_tiles(b, q);
-    assert_int_equal(q.chunks.size(), full_rate_slots);
+    assert_int_equal(q.chunks(), full_rate_slots);
   }
 }
 
@@ -221,7 +269,7 @@ void test_short_beside_long_stay_whole(void **) {
     const uint32_t shorts = 1 + tu_below(&r, 8), short_len = 16 * (1 + tu_below(&r, 16));
     b.lengths.push_back(16 * 4096 + tu_below(&r, 16 * 4096));
     b.lengths.insert(b.lengths.end(), shorts, short_len);
-    const DecodePlan p = make_plan(request(b, 0, PlanLimits{}));
+    const DecodePlan p = plan_of(b, 0, PlanLimits{});
     check_tiles(b, p);
     assert_true(chunks_of_seq(p, 0) > 1);
     for (uint32_t s = 1; s <= shorts; s++) assert_int_equal(chunks_of_seq(p, s), 1);
@@ -242,28 +290,78 @@ void test_short_items_use_every_worker(void **) {
     b.workers = 2 * b.full_rate_workers;
     b.lengths.push_back(4096);
     b.lengths.insert(b.lengths.end(), 7, 256);
-    const DecodePlan p = make_plan(request(b, 0, PlanLimits{}));
+    const DecodePlan p = plan_of(b, 0, PlanLimits{});
     check_tiles(b, p);
-    const uint64_t items = uint64_t(p.chunks.size()) * b.kv_heads;
+    const uint64_t items = uint64_t(p.chunks()) * b.kv_heads;
     assert_true(items > b.full_rate_workers);
     assert_true(items <= b.workers);
     for (uint32_t s = 1; s <= 7; s++) assert_int_equal(chunks_of_seq(p, s), 1);
   }
 }
 
+// A backend that answers decode_config only: what the plan cache asks of it.
+class ConfigBackend final : public Backend {
+ public:
+  PlanConfig plan;
+  uint32_t asked = 0;
+  pkv_backend kind() const override { return PKV_BACKEND_CPU; }
+  DecodeConfig decode_config(const PoolGeometry &, uint32_t rows) override {
+    asked++;
+    DecodeConfig c;
+    c.plan = plan;
+    c.row_tiles = rows; // tells the configurations of different shapes apart
+    return c;
+  }
+  DevPtr alloc(uint64_t) override { fail_msg("unexpected alloc"); return 0; }
+  void release(DevPtr) noexcept override {}
+  void copy_pages(const PoolGeometry &, const PageCopy *, uint32_t) override { fail_msg("unexpected copy_pages"); }
+  void scatter(const PoolGeometry &, const ScatterArgs &) override { fail_msg("unexpected scatter"); }
+  void gather(const PoolGeometry &, const GatherArgs &) override { fail_msg("unexpected gather"); }
+  void prepare_decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected prepare_decode"); }
+  void decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected decode"); }
+  void synchronize() override {}
+  double read_bandwidth(uint64_t) override { return 0.0; }
+};
+
+// The cache asks the backend once per shape; its plan stays resident while nothing it was made from
+// changes (lengths, page-table rows, chunk size, the configuration's plan part), and is the plan
+// make_plan makes.
 void test_cache_reuses_same_batch(void **) {
   Batch b{{1000, 70000, 0, 5}, 16, 8, 264};
+  std::vector<uint32_t> slots = {3, 1, 4, 2};
+  ConfigBackend backend;
+  backend.plan = config(b, PlanLimits{}, Balance::never);
+  const PoolGeometry g{};
   PlanCache cache;
-  const uint64_t first = cache.get(request(b, 0, PlanLimits{})).generation;
-  assert_int_equal(cache.get(request(b, 0, PlanLimits{})).generation, first);
+  auto get = [&](uint32_t rows, uint32_t chunk_pages) -> const PlanCache::Entry & {
+    return cache.get(backend, g, rows, {b.lengths.data(), slots.data(), 4, b.page_size, b.kv_heads, chunk_pages});
+  };
+  auto expect_resident = [&](uint32_t rows, uint32_t chunk_pages, bool resident) {
+    const PlanCache::Entry &e = get(rows, chunk_pages);
+    assert_int_equal(e.resident, resident);
+    assert_int_equal(e.config.row_tiles, rows);
+    b.slots = slots;
+    const DecodePlan fresh = plan_of(b, chunk_pages, PlanLimits{});
+    assert_int_equal(e.plan.records.size(), fresh.records.size());
+    assert_memory_equal(e.plan.records.data(), fresh.records.data(), fresh.records.size() * sizeof(PlanRecord));
+    cache.set_resident(true);
+  };
+  expect_resident(4, 0, false);
+  expect_resident(4, 0, true);
+  assert_int_equal(backend.asked, 1);
+  expect_resident(8, 0, true); // another shape, the same plan configuration
+  assert_int_equal(backend.asked, 2);
+  expect_resident(4, 0, true);
+  assert_int_equal(backend.asked, 2);
   b.lengths[1]++;
-  const DecodePlan &grown = cache.get(request(b, 0, PlanLimits{}));
-  assert_true(grown.generation != first);
-  check_tiles(b, grown);
-  const uint64_t second = grown.generation;
-  assert_true(cache.get(request(b, 4, PlanLimits{})).generation != second);
-  const uint64_t third = cache.get(request(b, 0, PlanLimits{})).generation;
-  assert_true(cache.get(request(b, 0, PlanLimits{}, Balance::always)).generation != third);
+  expect_resident(4, 0, false);
+  std::swap(slots[0], slots[2]);
+  expect_resident(4, 0, false);
+  expect_resident(4, 4, false);
+  expect_resident(4, 4, true);
+  // A failed backend call leaves the plan buffer unknown.
+  cache.set_resident(false);
+  assert_false(get(4, 4).resident);
 }
 
 void test_random_balanced_plans(void **) {
@@ -271,20 +369,20 @@ void test_random_balanced_plans(void **) {
   for (int round = 0; round < 300; round++) {
     const Batch b = random_batch(&r);
     const uint32_t workers = b.full_rate_workers ? b.full_rate_workers : b.workers;
-    check_balanced(b, make_plan(request(b, 0, PlanLimits{}, Balance::always)), workers);
+    check_balanced(b, plan_of(b, 0, PlanLimits{}, Balance::always), workers);
     // Within the bounds a GPU sizes its plan buffer by, or a uniform plan that fits them.
     const PlanLimits bounds = chosen_plan_bounds(uint32_t(b.lengths.size()), b.kv_heads, b.workers);
-    const DecodePlan chosen = make_plan(request(b, 0, bounds, Balance::cheaper));
+    const DecodePlan chosen = plan_of(b, 0, bounds, Balance::cheaper);
     if (chosen.workers) {
       check_balanced(b, chosen, workers);
-      assert_true(chosen.chunks.size() <= bounds.pieces);
+      assert_true(chosen.chunks() <= bounds.records);
       assert_true(chosen.parts <= bounds.parts);
     } else {
       check_tiles(b, chosen);
-      assert_true(chosen.chunks.size() <= bounds.chunks);
+      assert_true(chosen.chunks() <= bounds.chunks);
     }
     // An explicit chunk size is a uniform plan's.
-    check_tiles(b, make_plan(request(b, 1 + tu_below(&r, 64), PlanLimits{}, Balance::always)));
+    check_tiles(b, plan_of(b, 1 + tu_below(&r, 64), PlanLimits{}, Balance::always));
   }
 }
 
@@ -295,14 +393,14 @@ void test_random_balanced_plans(void **) {
 void test_balanced_groups_are_whole(void **) {
   for (uint32_t kv_heads : {8u, 4u}) {
     Batch b{std::vector<uint32_t>(8, 32768), 16, kv_heads, 264, 132};
-    check_balanced(b, make_plan(request(b, 0, PlanLimits{}, Balance::always)), 132);
+    check_balanced(b, plan_of(b, 0, PlanLimits{}, Balance::always), 132);
   }
   Batch small{{1024}, 16, 8, 264, 132};
-  check_tiles(small, make_plan(request(small, 0, PlanLimits{}, Balance::cheaper)));
+  check_tiles(small, plan_of(small, 0, PlanLimits{}, Balance::cheaper));
   Batch ragged{{4096, 256, 256, 256, 256, 256, 256, 256}, 16, 8, 264, 132};
-  check_tiles(ragged, make_plan(request(ragged, 0, PlanLimits{}, Balance::cheaper)));
+  check_tiles(ragged, plan_of(ragged, 0, PlanLimits{}, Balance::cheaper));
   Batch even{std::vector<uint32_t>(33, 32768), 16, 4, 132, 132};
-  check_tiles(even, make_plan(request(even, 0, PlanLimits{}, Balance::cheaper)));
+  check_tiles(even, plan_of(even, 0, PlanLimits{}, Balance::cheaper));
 }
 
 } // namespace

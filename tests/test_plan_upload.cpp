@@ -2,9 +2,10 @@
 // what pkv_decode_prepare puts into the pool's plan buffer, read back and checked against the
 // contract the kernels read it by (lib/cuda/kernel_params.h): the header, the batch's page-table rows
 // and lengths, and records that cover every (sequence, KV head)'s context exactly once, in parts
-// numbered as the merge expects. Uniform and balanced plans, fillers included, for the tensor-core
-// kernel (a record per KV head) and the older kernels (a record per chunk); every transfer must stay
-// inside the allocation it writes, as a real device would insist. Runs without a GPU.
+// numbered as the merge expects, byte for byte the planner's records. Uniform and balanced plans,
+// fillers included, for the tensor-core kernel (a record per KV head) and the CUDA-core kernel (a
+// record per chunk); every transfer must stay inside the allocation it writes, as a real device
+// would insist. Runs without a GPU.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -143,10 +144,10 @@ struct Setup {
   PoolGeometry g{};
 };
 
-// A backend on a fresh stand-in device, with the decode kernel family PKV_DECODE_KERNEL names, and
+// A backend on a fresh stand-in device, with the decode kernel family PKV_KERNEL_FAMILY names, and
 // a pool geometry of one page whose plan buffer is the backend's size for it.
-Setup make_setup(const char *kernel, uint32_t kv_heads, uint32_t head_dim, pkv_format format) {
-  tu_set_env("PKV_DECODE_KERNEL", kernel);
+Setup make_setup(const char *family, uint32_t kv_heads, uint32_t head_dim, pkv_format format) {
+  tu_set_env("PKV_KERNEL_FAMILY", family);
   auto device = std::make_unique<FakeDevice>();
   Setup s;
   s.device = device.get();
@@ -174,22 +175,23 @@ Setup make_setup(const char *kernel, uint32_t kv_heads, uint32_t head_dim, pkv_f
 
 uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
 
-// Puts the batch's plan on the stand-in device through prepare_decode and checks what arrived.
-// `per_head`: the kernel takes a record per (chunk, KV head).
+// Puts the batch's plan, made as the pool makes it under the backend's configuration (with the
+// balance asked for), on the stand-in device through prepare_decode and checks what arrived.
 void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balance, bool per_head) {
   const PoolGeometry &g = s.g;
   const uint32_t count = uint32_t(lengths.size()), rows = 4; // GQA groups of 4, one query token
   Backend &b = *s.backend;
-  const DecodePlan plan = make_plan({lengths.data(), count, g.page_size, g.kv_heads, 0, b.workers(g, rows),
-                                     b.full_rate_workers(g, rows), b.min_chunk_tokens(), b.chunk_granule_tokens(),
-                                     b.plan_limits(g), balance});
+  DecodeConfig config = b.decode_config(g, rows);
+  config.plan.balance = balance;
+  assert_int_equal(config.plan.record_per_head, per_head);
+  // Page-table rows in no particular order, none the batch index.
+  std::vector<uint32_t> slots(count);
+  for (uint32_t i = 0; i < count; i++) slots[i] = (7 * i + 3) % kMaxSequences;
+  const DecodePlan plan = make_plan(config.plan, {lengths.data(), slots.data(), count, g.page_size, g.kv_heads, 0});
   if ((balance == Balance::never) != (plan.workers == 0))
     fail_msg("kv_heads %u, head_dim %u, %zu sequences (the first %u tokens): a %s plan where a %s one was asked for",
              g.kv_heads, g.head_dim, lengths.size(), lengths[0], plan.workers ? "balanced" : "uniform",
              balance == Balance::never ? "uniform" : "balanced");
-  // Page-table rows in no particular order, none the batch index.
-  std::vector<uint32_t> slots(count);
-  for (uint32_t i = 0; i < count; i++) slots[i] = (7 * i + 3) % kMaxSequences;
 
   DecodeBatch batch{};
   batch.count = count;
@@ -199,11 +201,12 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
   batch.memory = PKV_MEMORY_DEVICE;
   batch.seq_slots = slots.data();
   batch.lengths = lengths.data();
+  batch.config = &config;
   batch.plan = &plan;
   try {
     b.prepare_decode(g, batch);
   } catch (const Error &e) {
-    fail_msg("prepare_decode of %zu chunks: %s", plan.chunks.size(), e.message.c_str());
+    fail_msg("prepare_decode of %zu records: %s", plan.records.size(), e.message.c_str());
   }
 
   // The buffer's arrays at the offsets its capacity fixes: header, slots, lengths, sequence
@@ -217,13 +220,15 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
   std::memcpy(&header, buffer, sizeof header);
   assert_int_equal(header.count, count);
   assert_int_equal(header.parts, plan.parts);
-  assert_int_equal(header.n_chunks, per_head && !plan.workers ? plan.chunks.size() * g.kv_heads : plan.chunks.size());
+  assert_int_equal(header.n_chunks, per_head && !plan.workers ? plan.chunks() * g.kv_heads : plan.chunks());
   assert_memory_equal(buffer + at_slots, slots.data(), 4 * count);
   assert_memory_equal(buffer + at_lengths, lengths.data(), 4 * count);
   const uint8_t *record_bytes = s.device->at(g.plan + at_records, uint64_t(header.n_chunks) * sizeof(PkvChunk));
   assert_non_null(record_bytes);
   std::vector<PkvChunk> records(header.n_chunks);
   std::memcpy(records.data(), record_bytes, records.size() * sizeof(PkvChunk));
+  assert_int_equal(header.n_chunks, plan.records.size());
+  assert_memory_equal(record_bytes, plan.records.data(), plan.records.size() * sizeof(PlanRecord));
 
   // Each (sequence, KV head)'s records, in token order, tile [0, length): one record with part
   // kNoPart, or `siblings` records with parts first_part, first_part + 1, ...
@@ -264,7 +269,7 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
         assert_int_equal(r.part, pieces[0].first_part + i);
         assert_int_equal(r.first_part, pieces[0].first_part);
         assert_true(r.part < plan.parts);
-        // A part is one (chunk, KV head)'s where the record is one KV head's; the older kernels
+        // A part is one (chunk, KV head)'s where the record is one KV head's; the CUDA-core kernel
         // index a chunk's part by KV head themselves.
         if (!per_head || plan.workers) {
           assert_false(part_used[r.part]);
@@ -303,7 +308,7 @@ void run_all(const char *kernel, bool per_head, const std::vector<Balance> &bala
 
 void tensor_core_uniform(void **) { run_all(nullptr, true, {Balance::never}); }
 void tensor_core_balanced(void **) { run_all(nullptr, true, {Balance::always}); }
-void older_kernels_uniform(void **) { run_all("fast", false, {Balance::never}); }
+void cuda_core_uniform(void **) { run_all("cuda_core", false, {Balance::never}); }
 
 // A balanced plan where a uniform one was uploaded before it, and back: the records are each
 // plan's own, nothing left over from the other.
@@ -319,7 +324,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(tensor_core_uniform),
       cmocka_unit_test(tensor_core_balanced),
-      cmocka_unit_test(older_kernels_uniform),
+      cmocka_unit_test(cuda_core_uniform),
       cmocka_unit_test(alternating_plans),
   };
   return tu_run_tests(tests, nullptr, nullptr);

@@ -1,0 +1,64 @@
+// Which decode kernel the GPU backend runs for a pool and a number of query rows a KV head serves,
+// with its launch shape and the planner's inputs for it (a DecodeConfig): the kernel family the
+// policy and the pool's formats allow, the tensor-core kernel's tile, stages and blocks per
+// multiprocessor as the device's shared memory and occupancy give them. Kernels are looked up once.
+#pragma once
+
+#include <cstdint>
+
+#include "../backend.hpp"
+#include "decode_policy.hpp"
+#include "runtime.hpp"
+
+namespace pkv {
+namespace gpu {
+
+class KernelChoice {
+ public:
+  // The modules of the generic, CUDA-core and tensor-core kernels (the last null where the runtime
+  // has none). Throws PKV_ERR_UNSUPPORTED where the policy asks for a family the device lacks.
+  KernelChoice(const Runtime &rt, const DecodePolicy &policy, Module generic, Module cuda_core, Module tensor_core,
+               uint32_t multiprocessors, unsigned warp);
+
+  // The device must be current.
+  DecodeConfig config(const PoolGeometry &g, uint32_t rows);
+  // What a pool's plan buffer must hold: the most a plan of the planner's own choice has.
+  PlanLimits plan_limits(const PoolGeometry &g);
+
+ private:
+  // The tensor-core kernel's tiles of query rows: wide, narrow of 1, 2 or 4 n-tiles, or the group
+  // tile (the warpgroup MMA of sm_90a) of 4.
+  enum Tile : unsigned { kWide, kNarrow1, kNarrow2, kNarrow4, kGroup4, kTiles };
+  struct Shape;
+
+  KernelFamily family(const PoolGeometry &g);
+  Function cuda_core_function(const PoolGeometry &g);
+  Function tensor_core_function(const PoolGeometry &g, Tile tile);
+  bool four_block_variant(const PoolGeometry &g) const;
+  Function four_block_function(const std::string &name, unsigned bytes);
+  unsigned stages(const PoolGeometry &g, Tile tile);
+  bool tensor_core_fits(const PoolGeometry &g);
+  bool fits_shared_memory(Function f, unsigned dynamic, const std::string &name);
+  Shape shape(const PoolGeometry &g, uint32_t rows);
+  bool group_tile(const PoolGeometry &g);
+  uint32_t blocks_per_sm(const PoolGeometry &g, Shape shape);
+  uint32_t workers(const PoolGeometry &g, uint32_t rows);
+  uint32_t full_rate_workers(const PoolGeometry &g, uint32_t rows);
+
+  const Runtime &rt_;
+  DecodePolicy policy_;
+  Module generic_, cuda_core_, tensor_core_;
+  uint32_t sms_;
+  unsigned warp_; // lanes a warp (wavefront) has
+  KernelFamily best_; // the policy's family, or the best the device has
+  bool group_tiles_;  // the image has the group tile's kernels (all or none)
+  Function generic_functions_[8] = {}; // by head_dim / 32 - 1
+  // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
+  // by [Tile].
+  Function cuda_core_functions_[3][4][4] = {}, tensor_core_functions_[kTiles][3][4][4] = {};
+  uint8_t stages_[kTiles][3][4][4] = {}; // 0 until looked up, and where no block fits
+  uint32_t blocks_per_sm_[2 * kTiles][3][4][4] = {}; // first by shape: tile + kTiles (mtiles - 1)
+};
+
+} // namespace gpu
+} // namespace pkv

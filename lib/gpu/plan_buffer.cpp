@@ -1,0 +1,51 @@
+#include "plan_buffer.hpp"
+
+#include <cstddef>
+
+#include "../cuda/kernel_params.h"
+#include "../error.hpp"
+
+namespace pkv {
+namespace gpu {
+
+namespace {
+
+#define PKV_SAME_FIELD(f) offsetof(PlanRecord, f) == offsetof(PkvChunk, f)
+static_assert(sizeof(PlanRecord) == sizeof(PkvChunk) && PKV_SAME_FIELD(seq) && PKV_SAME_FIELD(token_begin) &&
+                  PKV_SAME_FIELD(token_end) && PKV_SAME_FIELD(part) && PKV_SAME_FIELD(slot) &&
+                  PKV_SAME_FIELD(length) && PKV_SAME_FIELD(first_part) && PKV_SAME_FIELD(siblings) &&
+                  PKV_SAME_FIELD(head),
+              "plan records cross to the device as they are");
+#undef PKV_SAME_FIELD
+static_assert(kNoPart == UINT32_MAX && kAllHeads == UINT32_MAX, "the kernels' markers");
+
+} // namespace
+
+PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records) {
+  PlanLayout l;
+  l.slots = align16(sizeof(PkvPlanHeader));
+  l.lengths = l.slots + align16(4ull * max_sequences);
+  l.seq_chunks = l.lengths + align16(4ull * max_sequences);
+  l.records = l.seq_chunks + align16(4ull * (max_sequences + 1));
+  l.bytes = l.records + uint64_t(max_records) * sizeof(PkvChunk);
+  return l;
+}
+
+void upload_plan(Staging &staging, const PoolGeometry &g, const DecodeBatch &b) {
+  const DecodePlan &plan = *b.plan;
+  const PlanLayout l = plan_layout(g.max_sequences, b.config->plan.limits.records);
+  if (plan.records.size() > (l.bytes - l.records) / sizeof(PkvChunk) || b.count > g.max_sequences)
+    fail(PKV_ERR_INTERNAL, "a plan of %zu records for %u sequences exceeds the pool's plan buffer",
+         plan.records.size(), b.count);
+  const PkvPlanHeader header{uint32_t(plan.records.size()), b.count, plan.parts, 0};
+  Upload up;
+  up.place(0, &header, sizeof header);
+  up.place(l.slots, b.seq_slots, uint64_t(b.count) * 4);
+  up.place(l.lengths, b.lengths, uint64_t(b.count) * 4);
+  up.place(l.seq_chunks, plan.seq_chunks.data(), plan.seq_chunks.size() * 4);
+  up.place(l.records, plan.records.data(), plan.records.size() * sizeof(PlanRecord));
+  staging.send(up, g.plan);
+}
+
+} // namespace gpu
+} // namespace pkv

@@ -1,0 +1,24 @@
+// A pool's plan buffer on the device: the header, the batch's page-table rows and lengths, its
+// sequences' chunk offsets and the plan's records, each at an offset fixed by the pool's capacity,
+// so that a captured kernel keeps finding them as batches change.
+#pragma once
+
+#include <cstdint>
+
+#include "../backend.hpp"
+#include "staging.hpp"
+
+namespace pkv {
+namespace gpu {
+
+struct PlanLayout {
+  uint64_t slots, lengths, seq_chunks, records, bytes;
+};
+
+PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records);
+
+// Sends the batch's plan (made under `b.config`) into the pool's plan buffer, in one transfer.
+void upload_plan(Staging &staging, const PoolGeometry &g, const DecodeBatch &b);
+
+} // namespace gpu
+} // namespace pkv

@@ -1,0 +1,90 @@
+// The GPU backend's transfers and scratch memory: host pieces packed into one upload through pinned
+// staging buffers, results read back through one pinned buffer, and device buffers that grow with
+// the work (those a captured graph may hold the address of are kept when outgrown).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime.hpp"
+
+namespace pkv {
+namespace gpu {
+
+inline uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
+
+// Pieces of host memory gathered into one upload: each gets a 16-byte aligned offset.
+class Upload {
+ public:
+  uint64_t add(const void *src, uint64_t bytes) {
+    place(align16(total_), src, bytes);
+    return pieces_.back().offset;
+  }
+  // At a given offset (16-byte aligned; the bytes between pieces are left as they are).
+  void place(uint64_t offset, const void *src, uint64_t bytes) {
+    pieces_.push_back({src, bytes, offset});
+    if (offset + bytes > total_) total_ = offset + bytes;
+  }
+  uint64_t total() const { return total_; }
+  void copy_into(uint8_t *dst) const;
+
+ private:
+  struct Piece {
+    const void *src;
+    uint64_t bytes, offset;
+  };
+  std::vector<Piece> pieces_;
+  uint64_t total_ = 0;
+};
+
+struct DeviceBuffer {
+  DevPtr ptr = 0;
+  uint64_t bytes = 0;
+};
+
+class Staging {
+ public:
+  explicit Staging(const Runtime &rt) : rt_(rt) {}
+  Staging(const Staging &) = delete;
+  Staging &operator=(const Staging &) = delete;
+
+  // Makes the events the staging buffers take turns by.
+  void start();
+  // Frees everything, in the device's context, the stream idle.
+  void release() noexcept;
+
+  // One packed host-to-device transfer through a pinned staging buffer into `dst` (0: the device
+  // staging buffer); returns where it lands.
+  DevPtr send(const Upload &up, DevPtr dst = 0);
+  // `bytes` from the device, in one transfer into a pinned buffer, waited for (with the work queued
+  // before it).
+  const uint8_t *receive(DevPtr src, uint64_t bytes);
+  // Grows a scratch buffer; the old one may still be in use by queued work, so wait for it first.
+  void ensure(DeviceBuffer *buf, uint64_t bytes);
+  // Grows a buffer that captured graphs may hold the address of: the old one is kept (freed with the
+  // backend), so a graph replayed with the shape it was captured with still finds memory there.
+  // Returns whether it grew.
+  bool grow_kept(DeviceBuffer *buf, uint64_t bytes);
+
+ private:
+  struct PinnedBuffer {
+    void *ptr = nullptr;
+    uint64_t bytes = 0;
+  };
+  struct HostStage {
+    PinnedBuffer buffer;
+    Event sent = nullptr; // the transfer out of it has finished
+    bool pending = false;
+  };
+  void ensure_pinned(PinnedBuffer *buf, uint64_t bytes);
+
+  const Runtime &rt_;
+  HostStage stages_[2];
+  unsigned next_stage_ = 0;
+  PinnedBuffer download_; // receive's
+  DeviceBuffer device_stage_;
+  std::vector<DeviceBuffer> kept_; // outgrown (grow_kept)
+};
+
+} // namespace gpu
+} // namespace pkv
