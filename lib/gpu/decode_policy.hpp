@@ -1,5 +1,5 @@
 // The GPU backend's switches for A/B runs and tests, one per axis of its decode choices, read from
-// the environment once when a context is created (docs/testing.md, "Switches").
+// the environment once when a context is created (docs/environment.md).
 #pragma once
 
 #include <cstdint>
