@@ -1,8 +1,8 @@
 // The GPU backend's host code on a stand-in device (host memory; kernels launched into nothing):
 // what pkv_decode_prepare puts into the pool's plan buffer, read back and checked against the
-// contract the kernels read it by (lib/cuda/kernel_params.h): the header, the batch's page-table rows
-// and lengths, and records that cover every (sequence, KV head)'s context exactly once, in parts
-// numbered as the merge expects. Uniform and balanced plans, fillers included, for the tensor-core
+// contract the kernels read it by (lib/kernels/kernel_params.h): the header, the batch's page-table
+// rows and lengths, and records that cover every (sequence, KV head)'s context exactly once, in
+// parts numbered as the merge expects. Uniform and balanced plans, fillers included, for the tensor-core
 // kernel (a record per KV head) and the older kernels (a record per chunk); every transfer must stay
 // inside the allocation it writes, as a real device would insist. Runs without a GPU.
 #include <algorithm>
@@ -15,9 +15,9 @@
 #include <vector>
 
 // The library's headers first: cmocka's fail() macro would rename pkv::fail.
-#include "cuda/kernel_params.h"
 #include "error.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "kernels/kernel_params.h"
 #include "plan.hpp"
 extern "C" {
 #include "testutil.h"

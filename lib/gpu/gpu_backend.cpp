@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../cuda/kernel_params.h"
+#include "../kernels/kernel_params.h"
 #include "../error.hpp"
 
 namespace pkv {
