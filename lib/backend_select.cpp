@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "cpu_backend.hpp"
+#include "cpu/cpu_backend.hpp"
 #include "error.hpp"
 #if PKV_WITH_CUDA
 #include "cuda/cuda_backend.hpp"
