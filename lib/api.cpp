@@ -8,11 +8,11 @@
 #include <new>
 #include <string>
 
+#include "backend_select.hpp"
 #include "context.hpp"
 #include "error.hpp"
 #include "format.hpp"
 #include "guard.hpp"
-#include "loader/select.hpp"
 #include "pool.hpp"
 
 using pkv::fail;

@@ -16,7 +16,7 @@ uint16_t f32_to_f16(float x);
 uint16_t f32_to_bf16(float x);
 
 // The conversions from page formats to floats are defined below, inline, so that the CPU decode's
-// variant for wider vector units (lib/cpu_attention.cpp) compiles them for those units too (F16
+// variant for wider vector units (lib/cpu/cpu_attention.cpp) compiles them for those units too (F16
 // rows excepted: load_f16 takes F16C where the processor has it). Each is exact, so every variant
 // gives the same floats.
 inline uint32_t float_bits(float x) {

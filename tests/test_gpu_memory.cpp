@@ -23,7 +23,7 @@ extern "C" {
 #include <string>
 #include <vector>
 
-#include "loader/cuda_driver.hpp"
+#include "cuda/cuda_driver.hpp"
 extern "C" {
 #include "poolutil.h"
 #include "testutil.h"

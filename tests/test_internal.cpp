@@ -7,7 +7,7 @@
 //   handed out again, so no handle of it comes back to life; handles with an even generation (never
 //   handed out) are refused.
 // The library's headers before cmocka's, whose fail() macro would rename pkv::fail.
-#include "cpu_attention.hpp"
+#include "cpu/cpu_attention.hpp"
 #include "error.hpp"
 #include "handle_table.hpp"
 

@@ -1,6 +1,6 @@
 // The GPU backend's host code on a stand-in device (host memory; kernels launched into nothing):
 // what pkv_decode_prepare puts into the pool's plan buffer, read back and checked against the
-// contract the kernels read it by (lib/cuda/kernel_params.h): the header, the batch's page-table rows
+// contract the kernels read it by (lib/kernels/kernel_params.h): the header, the batch's page-table rows
 // and lengths, and records that cover every (sequence, KV head)'s context exactly once, in parts
 // numbered as the merge expects, byte for byte the planner's records. Uniform and balanced plans,
 // fillers included, for the tensor-core kernel (a record per KV head) and the CUDA-core kernel (a
@@ -16,9 +16,9 @@
 #include <vector>
 
 // The library's headers first: cmocka's fail() macro would rename pkv::fail.
-#include "cuda/kernel_params.h"
 #include "error.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "kernels/kernel_params.h"
 #include "plan.hpp"
 extern "C" {
 #include "testutil.h"

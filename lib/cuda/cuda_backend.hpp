@@ -1,5 +1,5 @@
 // The CUDA backend: the GPU backend (lib/gpu/) on the CUDA driver, opened at run time, with the
-// kernels nvcc built (lib/cuda/*.cu, embedded fatbins) in the device's primary context
+// kernels nvcc built (lib/kernels/*.cu, embedded fatbins) in the device's primary context
 // (cuda_device.cpp).
 #pragma once
 

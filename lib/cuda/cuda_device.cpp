@@ -5,7 +5,7 @@
 
 #include "../error.hpp"
 #include "../gpu/gpu_backend.hpp"
-#include "../loader/cuda_driver.hpp"
+#include "cuda_driver.hpp"
 #include "cuda_images.hpp"
 
 namespace pkv {

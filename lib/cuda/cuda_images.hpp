@@ -1,4 +1,5 @@
-// The kernel images nvcc built (one fatbin per .cu), embedded by embed.py at build time.
+// The kernel images nvcc built (one fatbin per lib/kernels/*.cu), embedded by lib/kernels/embed.py
+// at build time.
 #pragma once
 
 namespace pkv {

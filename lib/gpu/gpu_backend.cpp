@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../cuda/kernel_params.h"
+#include "../kernels/kernel_params.h"
 #include "../error.hpp"
 #include "decode_policy.hpp"
 #include "kernel_choice.hpp"

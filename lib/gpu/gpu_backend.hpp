@@ -1,6 +1,6 @@
 // The GPU backend: pages in device memory, work on one stream of one device, the kernels of
-// lib/cuda/*.cu. One implementation for every vendor runtime that provides a gpu::Device (the CUDA
-// driver, the HIP runtime).
+// lib/kernels/*.cu. One implementation for every vendor runtime that provides a gpu::Device (the
+// CUDA driver, the HIP runtime).
 #pragma once
 
 #include <memory>

@@ -33,8 +33,8 @@ constexpr int kOutOfMemory = 2;
 
 enum class Attribute { multiprocessors, warp_size };
 
-// The kernel images built for the runtime (lib/cuda/*.cu compiled by nvcc or hipcc), and the targets
-// they hold, for messages. `mma` is null where the tensor-core kernels do not exist (HIP).
+// The kernel images built for the runtime (lib/kernels/*.cu compiled by nvcc or hipcc), and the
+// targets they hold, for messages. `mma` is null where the tensor-core kernels do not exist (HIP).
 struct Images {
   const unsigned char *pages, *decode, *fast, *mma;
   const char *targets;

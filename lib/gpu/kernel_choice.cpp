@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "../cuda/kernel_params.h"
+#include "../kernels/kernel_params.h"
 #include "../format.hpp"
 #include "../plan.hpp"
 #include "gpu_backend.hpp"
@@ -20,7 +20,7 @@ uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
 
 bool float_pages(const PoolGeometry &g) { return !is_quantized(g.k.format) && !is_quantized(g.v.format); }
 
-// The tensor-core kernel's shared memory, as decode_mma.cu's Mma<> lays it out (it checks the
+// The tensor-core kernel's shared memory, as decode_tensor_core.cu's Mma<> lays it out (it checks the
 // kernel_params.h sizes at compile time): `stages` stages of PKV_MMA_WARPS x PKV_MMA_TOKENS K and V
 // rows, q fragments of each row tile, and the warps' combine area of each row tile (which reuses
 // the others once a chunk is done).

@@ -2,7 +2,7 @@
 
 #include <cstddef>
 
-#include "../cuda/kernel_params.h"
+#include "../kernels/kernel_params.h"
 #include "../error.hpp"
 
 namespace pkv {

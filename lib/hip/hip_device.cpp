@@ -5,8 +5,8 @@
 
 #include "../error.hpp"
 #include "../gpu/gpu_backend.hpp"
-#include "../loader/hip_runtime.hpp"
 #include "hip_images.hpp"
+#include "hip_runtime.hpp"
 
 namespace pkv {
 

@@ -1,5 +1,6 @@
 // The kernel images hipcc built: per kernel file, one clang offload bundle holding a code object for
-// every target of -Dhip_archs (lib/hip/meson.build), embedded by lib/cuda/embed.py at build time.
+// every target of -Dhip_archs (lib/hip/meson.build), embedded by lib/kernels/embed.py at build
+// time.
 #pragma once
 
 namespace pkv {

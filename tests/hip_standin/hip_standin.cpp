@@ -1,5 +1,5 @@
 // A stand-in for the HIP runtime, for tests only (docs/hip.md): the HIP calls pagedkv's HIP backend
-// makes (lib/loader/hip_runtime.hpp), carried out by the CUDA driver (lib/loader/cuda_driver.hpp).
+// makes (lib/hip/hip_runtime.hpp), carried out by the CUDA driver (lib/cuda/cuda_driver.hpp).
 // Its module loader takes the code-object bundle the backend passes, checks that it is one of the
 // library's HIP images, and loads the CUDA build of the same kernel file instead; so on an NVIDIA GPU
 // the HIP backend's host code runs the GPU test suite for real. It is no HIP implementation: only
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_driver.hpp"
 #include "cuda/cuda_images.hpp"
 #include "hip/hip_images.hpp"
-#include "loader/cuda_driver.hpp"
-#include "loader/hip_runtime.hpp"
+#include "hip/hip_runtime.hpp"
 
 using namespace pkv::hip;
 using namespace pkv::cu;

@@ -1,9 +1,10 @@
-// pkv-bench's CUDA side, on the library's own driver loader (lib/loader, compiled in here).
+// pkv-bench's CUDA side, on the library's own driver loader (lib/cuda/cuda_driver.cpp, compiled in
+// here).
 #include <set>
 #include <stdexcept>
 
 #include "bench_device.hpp"
-#include "loader/cuda_driver.hpp"
+#include "cuda/cuda_driver.hpp"
 
 namespace {
 

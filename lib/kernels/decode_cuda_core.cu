@@ -6,7 +6,7 @@
 //    group: speculative verification shares the K/V loads too), z every BDZ-th token of a tile;
 //  - scores in the log2 domain (q pre-scaled by scale * log2 e), one softmax rescale per tile;
 //  - a sequence that has one chunk is written straight to out/lse; split ones leave partials for the
-//    merge kernel (decode.cu), so unsplit batches need no second launch.
+//    merge kernel (decode_generic.cu), so unsplit batches need no second launch.
 #include <math.h>
 
 #include "device_format.cuh"

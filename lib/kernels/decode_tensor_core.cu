@@ -8,7 +8,7 @@
 //    a round waits for its own warps only.
 //    A block serves one narrow tile of 8 query rows (speculative tokens times the GQA group) or 1 or
 //    2 wide tiles of 16, with 4 warps each, a warp taking 16 tokens of every stage (Narrow and Wide),
-//    or on sm_90a 32 rows as one warpgroup (Group); mma/tile_*.cuh. Rows past the chunk are
+//    or on sm_90a 32 rows as one warpgroup (Group); tensor_core/tile_*.cuh. Rows past the chunk are
 //    zero-filled, so every MMA input is finite.
 //  - Scores S = Q K^T and the output O = P V run on the tensor cores with fp32 accumulation. Float
 //    operands keep ~16-22 bits by splitting: q (and P) are sums of two f16 (F16 pages) or bf16 parts,
@@ -29,10 +29,10 @@
 
 #include <type_traits>
 
-#include "mma/stage_copy.cuh"
-#include "mma/tile_group.cuh"
-#include "mma/tile_narrow.cuh"
-#include "mma/tile_wide.cuh"
+#include "tensor_core/stage_copy.cuh"
+#include "tensor_core/tile_group.cuh"
+#include "tensor_core/tile_narrow.cuh"
+#include "tensor_core/tile_wide.cuh"
 
 using namespace pkv_mma;
 

@@ -1,16 +1,16 @@
-#include "select.hpp"
+#include "backend_select.hpp"
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "../cpu_backend.hpp"
-#include "../error.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "error.hpp"
 #if PKV_WITH_CUDA
-#include "../cuda/cuda_backend.hpp"
+#include "cuda/cuda_backend.hpp"
 #endif
 #if PKV_WITH_HIP
-#include "../hip/hip_backend.hpp"
+#include "hip/hip_backend.hpp"
 #endif
 
 namespace pkv {

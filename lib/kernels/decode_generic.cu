@@ -2,7 +2,7 @@
 // chunk's attention for the query heads of one KV head (normalised output and log-sum-exp per head;
 // a sequence's only chunk writes the result itself), and a merge kernel combines the chunks of split
 // sequences through their log-sum-exp. The host plan (lib/plan.cpp) decides the chunks. The merge
-// also serves the specialised kernels of decode_fast.cu.
+// also serves the specialised kernels of decode_cuda_core.cu.
 #include <math.h>
 
 #include "device_format.cuh"

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "backend.hpp"
+#include "../backend.hpp"
 
 namespace pkv {
 

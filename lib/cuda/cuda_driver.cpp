@@ -4,7 +4,7 @@
 #include <mutex>
 #include <vector>
 
-#include "runtime_library.hpp"
+#include "../loader/runtime_library.hpp"
 
 namespace pkv {
 

@@ -1,6 +1,6 @@
 // The HIP runtime as pagedkv uses it: our own declarations of the few types, values and entry points
 // (no ROCm header is needed to build), resolved at run time from libamdhip64.so.N / amdhip64_N.dll.
-// HIP's module API mirrors the CUDA driver API call for call (lib/loader/cuda_driver.hpp); where HIP
+// HIP's module API mirrors the CUDA driver API call for call (lib/cuda/cuda_driver.hpp); where HIP
 // differs, the comments say so.
 #pragma once
 

@@ -13,9 +13,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../error.hpp"
+#include "../fault.hpp"
 #include "cpu_attention.hpp"
-#include "error.hpp"
-#include "fault.hpp"
 #include "worker_pool.hpp"
 
 namespace pkv {

@@ -108,18 +108,18 @@ typedef struct PkvReadParams {
   uint64_t sink; /* uint32_t, written only if the xor of everything read is a value nobody expects */
 } PkvReadParams;
 
-/* The generic decode kernel (decode.cu): query heads one block serves (a larger GQA group takes
- * several blocks) and warps per block. */
+/* The generic decode kernel (decode_generic.cu): query heads one block serves (a larger GQA group
+ * takes several blocks) and warps per block. */
 #define PKV_HEAD_TILE 8
 #define PKV_DECODE_WARPS 4
 
-/* The specialised kernels (decode_fast.cu): tokens per z-slice of a tile, shared-memory stages in
- * flight, most threads a block has. */
+/* The specialised kernels (decode_cuda_core.cu): tokens per z-slice of a tile, shared-memory stages
+ * in flight, most threads a block has. */
 #define PKV_FAST_TT 4
 #define PKV_FAST_STAGES 4
 #define PKV_FAST_MAX_THREADS 256
 
-/* The tensor-core kernels (decode_mma.cu): warps per tile of query rows, each warp taking
+/* The tensor-core kernels (decode_tensor_core.cu): warps per tile of query rows, each warp taking
  * PKV_MMA_TOKENS tokens of a shared-memory stage; query rows a tile: PKV_MMA_ROWS for the wide tile
  * (a block serves one or two), PKV_MMA_NARROW_ROWS for the narrow one (one a block). */
 #define PKV_MMA_WARPS 4
@@ -131,7 +131,8 @@ typedef struct PkvReadParams {
  * PKV_MMA_TOKENS rows): float rows as the page holds them with 16 bytes of padding after every 8
  * rows, quantized rows (data then scales) each padded to an odd number of 16-byte units; either way
  * the eight rows one matrix load or one quad of lanes reads fall in different banks. constexpr (every
- * includer is C++): lib/cuda/mma/stage_layout.cuh checks its own layout against it at compile time. */
+ * includer is C++): lib/kernels/tensor_core/stage_layout.cuh checks its own layout against it at
+ * compile time. */
 static constexpr uint32_t pkv_mma_part_bytes(uint32_t data_and_scale_bytes, int quantized) {
   const uint32_t tokens = PKV_MMA_WARPS * PKV_MMA_TOKENS, units = (data_and_scale_bytes + 15) / 16;
   if (quantized) return tokens * (units % 2 ? units : units + 1) * 16;

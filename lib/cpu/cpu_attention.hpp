@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend.hpp"
+#include "../backend.hpp"
 
 namespace pkv {
 

@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "format.hpp"
+#include "../format.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
