@@ -17,7 +17,7 @@ constexpr uint32_t kNoPart = UINT32_MAX;
 constexpr uint32_t kAllHeads = UINT32_MAX; // a record of every KV head of its chunk
 constexpr uint32_t kNoSeq = UINT32_MAX;    // a balanced plan's filler: its worker has no item that round
 
-// One record, laid out as the GPU kernels read it (PkvChunk in lib/kernels/kernel_params.h): the
+// One record, laid out as the GPU kernels read it (PkvRecord in lib/kernels/kernel_params.h): the
 // sequence's own page-table row and length repeat in each of its records, so that a worker reads its
 // item in one go.
 struct PlanRecord {

@@ -220,22 +220,22 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
   std::memcpy(&header, buffer, sizeof header);
   assert_int_equal(header.count, count);
   assert_int_equal(header.parts, plan.parts);
-  assert_int_equal(header.n_chunks, per_head && !plan.workers ? plan.chunks() * g.kv_heads : plan.chunks());
+  assert_int_equal(header.n_records, per_head && !plan.workers ? plan.chunks() * g.kv_heads : plan.chunks());
   assert_memory_equal(buffer + at_slots, slots.data(), 4 * count);
   assert_memory_equal(buffer + at_lengths, lengths.data(), 4 * count);
-  const uint8_t *record_bytes = s.device->at(g.plan + at_records, uint64_t(header.n_chunks) * sizeof(PkvChunk));
+  const uint8_t *record_bytes = s.device->at(g.plan + at_records, uint64_t(header.n_records) * sizeof(PkvRecord));
   assert_non_null(record_bytes);
-  std::vector<PkvChunk> records(header.n_chunks);
-  std::memcpy(records.data(), record_bytes, records.size() * sizeof(PkvChunk));
-  assert_int_equal(header.n_chunks, plan.records.size());
+  std::vector<PkvRecord> records(header.n_records);
+  std::memcpy(records.data(), record_bytes, records.size() * sizeof(PkvRecord));
+  assert_int_equal(header.n_records, plan.records.size());
   assert_memory_equal(record_bytes, plan.records.data(), plan.records.size() * sizeof(PlanRecord));
 
   // Each (sequence, KV head)'s records, in token order, tile [0, length): one record with part
   // kNoPart, or `siblings` records with parts first_part, first_part + 1, ...
   const uint32_t heads = per_head ? g.kv_heads : 1;
-  std::vector<std::vector<PkvChunk>> by_pair(size_t(count) * heads);
+  std::vector<std::vector<PkvRecord>> by_pair(size_t(count) * heads);
   uint32_t fillers = 0;
-  for (const PkvChunk &r : records) {
+  for (const PkvRecord &r : records) {
     if (r.seq == kNoSeq) {
       fillers++;
       continue;
@@ -251,13 +251,13 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
   std::vector<bool> part_used(plan.parts, false);
   for (uint32_t seq = 0; seq < count; seq++)
     for (uint32_t h = 0; h < heads; h++) {
-      std::vector<PkvChunk> &pieces = by_pair[size_t(seq) * heads + h];
+      std::vector<PkvRecord> &pieces = by_pair[size_t(seq) * heads + h];
       assert_false(pieces.empty());
       std::sort(pieces.begin(), pieces.end(),
-                [](const PkvChunk &x, const PkvChunk &y) { return x.token_begin < y.token_begin; });
+                [](const PkvRecord &x, const PkvRecord &y) { return x.token_begin < y.token_begin; });
       uint32_t next = 0;
       for (size_t i = 0; i < pieces.size(); i++) {
-        const PkvChunk &r = pieces[i];
+        const PkvRecord &r = pieces[i];
         assert_int_equal(r.token_begin, next);
         assert_true(r.token_end > r.token_begin || lengths[seq] == 0);
         next = r.token_end;

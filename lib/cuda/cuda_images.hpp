@@ -4,7 +4,7 @@
 
 namespace pkv {
 extern const unsigned char cuda_image_pages[];
-extern const unsigned char cuda_image_decode[];
-extern const unsigned char cuda_image_decode_fast[];
-extern const unsigned char cuda_image_decode_mma[];
+extern const unsigned char cuda_image_decode_generic[];
+extern const unsigned char cuda_image_decode_cuda_core[];
+extern const unsigned char cuda_image_decode_tensor_core[];
 } // namespace pkv

@@ -76,10 +76,10 @@ class GpuBackend final : public Backend {
       staging_.start();
       const Images &images = dev_->images();
       load_module(images.pages, &pages_module_);
-      load_module(images.decode, &decode_module_);
-      load_module(images.fast, &fast_module_);
-      if (images.mma) load_module(images.mma, &mma_module_);
-      kernels_ = std::make_unique<KernelChoice>(rt_, policy, decode_module_, fast_module_, mma_module_,
+      load_module(images.generic, &generic_module_);
+      load_module(images.cuda_core, &cuda_core_module_);
+      if (images.tensor_core) load_module(images.tensor_core, &tensor_core_module_);
+      kernels_ = std::make_unique<KernelChoice>(rt_, policy, generic_module_, cuda_core_module_, tensor_core_module_,
                                                 uint32_t(std::max(1, sms)), unsigned(std::max(1, warp)));
       sms_ = uint32_t(std::max(1, sms));
       apply_table_ = rt_.function(pages_module_, "pkv_apply_table");
@@ -87,7 +87,7 @@ class GpuBackend final : public Backend {
       gather_ = rt_.function(pages_module_, "pkv_gather");
       copy_pages_ = rt_.function(pages_module_, "pkv_copy_pages");
       read_bandwidth_ = rt_.function(pages_module_, "pkv_read_bandwidth");
-      merge_ = rt_.function(decode_module_, "pkv_decode_merge");
+      merge_ = rt_.function(generic_module_, "pkv_decode_merge");
     } catch (...) {
       teardown();
       throw;
@@ -221,7 +221,7 @@ class GpuBackend final : public Backend {
         fail(PKV_ERR_INVALID_ARGUMENT, "the stream is capturing a graph but this batch's plan is not on the device: call "
              "pkv_decode_prepare with the batch before capturing (and before each replay after it changed)");
       if (!tensor_core) {
-        const std::string none = dev_->images().mma ? "" : std::string("; the ") + dev_->name() + " backend has none";
+        const std::string none = dev_->images().tensor_core ? "" : std::string("; the ") + dev_->name() + " backend has none";
         fail(PKV_ERR_UNSUPPORTED, "only the tensor-core decode kernel can be captured (pages of F16, BF16, Q8_0 or "
              "Q4_0 with head_dim 64, 128 or 256, PKV_KERNEL_FAMILY unset, and shared memory for it: not head_dim 256 on "
              "99 KB a block)%s", none.c_str());
@@ -247,7 +247,7 @@ class GpuBackend final : public Backend {
     p.plan = g.plan;
     p.seq_slots = g.plan + l.slots;
     p.lengths = g.plan + l.lengths;
-    p.chunks = g.plan + l.records;
+    p.records = g.plan + l.records;
     p.seq_chunks = g.plan + l.seq_chunks;
     p.q = host ? dev + q_at : DevPtr(uintptr_t(b.q));
     p.out = host ? decode_out_.ptr : DevPtr(uintptr_t(b.out));
@@ -363,7 +363,7 @@ class GpuBackend final : public Backend {
     for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_})
       if (b->ptr) dev_->free(b->ptr);
     staging_.release();
-    for (Module m : {pages_module_, decode_module_, fast_module_, mma_module_})
+    for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_})
       if (m) dev_->module_unload(m);
     if (own_stream_) dev_->stream_destroy(rt_.stream);
     dev_->leave(token);
@@ -375,7 +375,7 @@ class GpuBackend final : public Backend {
   std::unique_ptr<KernelChoice> kernels_;
   bool own_stream_ = false;
   uint32_t sms_ = 1;
-  Module pages_module_ = nullptr, decode_module_ = nullptr, fast_module_ = nullptr, mma_module_ = nullptr;
+  Module pages_module_ = nullptr, generic_module_ = nullptr, cuda_core_module_ = nullptr, tensor_core_module_ = nullptr;
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
   DeviceBuffer part_out_, part_lse_, counters_, decode_out_, rows_out_;

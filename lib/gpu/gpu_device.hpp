@@ -1,5 +1,5 @@
 // What the GPU backend (gpu_backend.cpp) needs of a vendor runtime, for one device: the CUDA driver
-// (lib/cuda/cuda_backend.cpp) and the HIP runtime (lib/hip/hip_backend.cpp) each provide it. HIP's
+// (lib/cuda/cuda_device.cpp) and the HIP runtime (lib/hip/hip_device.cpp) each provide it. HIP's
 // module API mirrors the CUDA driver's call for call, so most methods are one runtime call each;
 // where the two differ (how a device is made current, attribute numbers, error texts) the adapter
 // translates.
@@ -34,9 +34,9 @@ constexpr int kOutOfMemory = 2;
 enum class Attribute { multiprocessors, warp_size };
 
 // The kernel images built for the runtime (lib/kernels/*.cu compiled by nvcc or hipcc), and the
-// targets they hold, for messages. `mma` is null where the tensor-core kernels do not exist (HIP).
+// targets they hold, for messages. `tensor_core` is null where those kernels do not exist (HIP).
 struct Images {
-  const unsigned char *pages, *decode, *fast, *mma;
+  const unsigned char *pages, *generic, *cuda_core, *tensor_core;
   const char *targets;
 };
 

@@ -85,7 +85,7 @@ KernelFamily KernelChoice::family(const PoolGeometry &g) {
 Function KernelChoice::cuda_core_function(const PoolGeometry &g) {
   Function &fn = cuda_core_functions_[g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
   if (!fn)
-    fn = rt_.function(cuda_core_, ("pkv_decode_fast_" + std::to_string(g.head_dim) + "_" +
+    fn = rt_.function(cuda_core_, ("pkv_decode_cuda_core_" + std::to_string(g.head_dim) + "_" +
                                    std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format))).c_str());
   return fn;
 }
@@ -242,7 +242,7 @@ DecodeConfig KernelChoice::config(const PoolGeometry &g, uint32_t rows) {
     c.kernel = cuda_core_function(g);
     // Shared-memory row strides as the CUDA-core kernel lays them out: data then scales, 16-byte aligned.
     auto stride = [](const PlaneLayout &l) { return unsigned(align16(l.row_data_bytes + l.row_scale_bytes)); };
-    const unsigned bdx = D / 8, row_bytes = stride(g.k) + stride(g.v), max_threads = PKV_FAST_MAX_THREADS;
+    const unsigned bdx = D / 8, row_bytes = stride(g.k) + stride(g.v), max_threads = PKV_CUDA_CORE_MAX_THREADS;
     // Whole warps (wavefronts on AMD: 32 or 64 lanes, as the runtime says): the row reductions shuffle.
     unsigned bdy = std::min(rows, max_threads / bdx), bdz = 1;
     while ((bdx * bdy * bdz) % warp_ != 0) bdz *= 2;
@@ -251,9 +251,9 @@ DecodeConfig KernelChoice::config(const PoolGeometry &g, uint32_t rows) {
       bdz = 1;
       while ((bdx * bdy * bdz) % warp_ != 0) bdz *= 2;
     }
-    auto staged = [&](unsigned z) { return PKV_FAST_STAGES * PKV_FAST_TT * z * row_bytes; };
+    auto staged = [&](unsigned z) { return PKV_CUDA_CORE_STAGES * PKV_CUDA_CORE_TT * z * row_bytes; };
     while (bdx * bdy * bdz * 2 <= max_threads && staged(bdz * 2) <= kCudaCoreSharedLimit) bdz *= 2;
-    c.stages = PKV_FAST_STAGES;
+    c.stages = PKV_CUDA_CORE_STAGES;
     c.threads[0] = bdx, c.threads[1] = bdy, c.threads[2] = bdz;
     c.shared_bytes = std::max(staged(bdz), bdz * bdy * (D + 2) * 4);
     c.row_tiles = (rows + bdy - 1) / bdy;

@@ -10,8 +10,8 @@ namespace gpu {
 
 namespace {
 
-#define PKV_SAME_FIELD(f) offsetof(PlanRecord, f) == offsetof(PkvChunk, f)
-static_assert(sizeof(PlanRecord) == sizeof(PkvChunk) && PKV_SAME_FIELD(seq) && PKV_SAME_FIELD(token_begin) &&
+#define PKV_SAME_FIELD(f) offsetof(PlanRecord, f) == offsetof(PkvRecord, f)
+static_assert(sizeof(PlanRecord) == sizeof(PkvRecord) && PKV_SAME_FIELD(seq) && PKV_SAME_FIELD(token_begin) &&
                   PKV_SAME_FIELD(token_end) && PKV_SAME_FIELD(part) && PKV_SAME_FIELD(slot) &&
                   PKV_SAME_FIELD(length) && PKV_SAME_FIELD(first_part) && PKV_SAME_FIELD(siblings) &&
                   PKV_SAME_FIELD(head),
@@ -27,14 +27,14 @@ PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records) {
   l.lengths = l.slots + align16(4ull * max_sequences);
   l.seq_chunks = l.lengths + align16(4ull * max_sequences);
   l.records = l.seq_chunks + align16(4ull * (max_sequences + 1));
-  l.bytes = l.records + uint64_t(max_records) * sizeof(PkvChunk);
+  l.bytes = l.records + uint64_t(max_records) * sizeof(PkvRecord);
   return l;
 }
 
 void upload_plan(Staging &staging, const PoolGeometry &g, const DecodeBatch &b) {
   const DecodePlan &plan = *b.plan;
   const PlanLayout l = plan_layout(g.max_sequences, b.config->plan.limits.records);
-  if (plan.records.size() > (l.bytes - l.records) / sizeof(PkvChunk) || b.count > g.max_sequences)
+  if (plan.records.size() > (l.bytes - l.records) / sizeof(PkvRecord) || b.count > g.max_sequences)
     fail(PKV_ERR_INTERNAL, "a plan of %zu records for %u sequences exceeds the pool's plan buffer",
          plan.records.size(), b.count);
   const PkvPlanHeader header{uint32_t(plan.records.size()), b.count, plan.parts, 0};

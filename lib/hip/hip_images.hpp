@@ -5,6 +5,6 @@
 
 namespace pkv {
 extern const unsigned char hip_image_pages[];
-extern const unsigned char hip_image_decode[];
-extern const unsigned char hip_image_decode_fast[];
+extern const unsigned char hip_image_decode_generic[];
+extern const unsigned char hip_image_decode_cuda_core[];
 } // namespace pkv

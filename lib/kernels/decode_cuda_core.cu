@@ -16,8 +16,8 @@ using namespace pkv_dev;
 namespace {
 
 constexpr int VEC = 8;          // values of a row per thread
-constexpr int TT = PKV_FAST_TT; // tokens per z per tile
-constexpr int NS = PKV_FAST_STAGES;
+constexpr int TT = PKV_CUDA_CORE_TT; // tokens per z per tile
+constexpr int NS = PKV_CUDA_CORE_STAGES;
 
 // Values [8x, 8x + 8) of a row held in shared memory (data, then scales).
 template <uint32_t F, int D> __device__ __forceinline__ void load8(const uint8_t *row, int x, float *out) {
@@ -63,7 +63,7 @@ template <uint32_t F, int D> struct Row {
   static constexpr uint32_t stride = (data + scales + 15) / 16 * 16; // in shared memory
 };
 
-template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const PkvDecodeParams &p) {
+template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(const PkvDecodeParams &p) {
   using KRow = Row<KF, D>;
   using VRow = Row<VF, D>;
   constexpr int BDX = D / VEC;
@@ -76,7 +76,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
 
   const PkvPool &pool = p.pool;
-  const PkvChunk c = reinterpret_cast<const PkvChunk *>(p.chunks)[blockIdx.x];
+  const PkvRecord c = reinterpret_cast<const PkvRecord *>(p.records)[blockIdx.x];
   const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads;
   const uint32_t row = blockIdx.z * BDY + y; // this thread's query row: token row / group, head row % group
   const bool head_valid = row < p.q_tokens * group;
@@ -212,14 +212,14 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_fast(const Pkv
 
 } // namespace
 
-// pkv_decode_fast_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.
+// pkv_decode_cuda_core_<head_dim>_<k format>_<v format>, format numbers as in pkv_format.
 #define PKV_FAST(D, KF, VF)                                                                        \
-  extern "C" __global__ void __launch_bounds__(PKV_FAST_MAX_THREADS)                               \
-      pkv_decode_fast_##D##_##KF##_##VF(PkvDecodeParams p) {                                       \
-    decode_fast<D, KF, VF>(p);                                                                     \
+  extern "C" __global__ void __launch_bounds__(PKV_CUDA_CORE_MAX_THREADS)                               \
+      pkv_decode_cuda_core_##D##_##KF##_##VF(PkvDecodeParams p) {                                       \
+    decode_cuda_core<D, KF, VF>(p);                                                                     \
   }
-#define PKV_FAST_V(D, KF) PKV_FAST(D, KF, 2) PKV_FAST(D, KF, 3) PKV_FAST(D, KF, 4) PKV_FAST(D, KF, 5)
-#define PKV_FAST_KV(D) PKV_FAST_V(D, 2) PKV_FAST_V(D, 3) PKV_FAST_V(D, 4) PKV_FAST_V(D, 5)
-PKV_FAST_KV(64)
-PKV_FAST_KV(128)
-PKV_FAST_KV(256)
+#define PKV_CUDA_CORE_V(D, KF) PKV_FAST(D, KF, 2) PKV_FAST(D, KF, 3) PKV_FAST(D, KF, 4) PKV_FAST(D, KF, 5)
+#define PKV_CUDA_CORE_KV(D) PKV_CUDA_CORE_V(D, 2) PKV_CUDA_CORE_V(D, 3) PKV_CUDA_CORE_V(D, 4) PKV_CUDA_CORE_V(D, 5)
+PKV_CUDA_CORE_KV(64)
+PKV_CUDA_CORE_KV(128)
+PKV_CUDA_CORE_KV(256)

@@ -25,7 +25,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   __shared__ float sm_acc[W][T][D];
 
   const PkvPool &pool = p.pool;
-  const PkvChunk c = reinterpret_cast<const PkvChunk *>(p.chunks)[blockIdx.x];
+  const PkvRecord c = reinterpret_cast<const PkvRecord *>(p.records)[blockIdx.x];
   // The block's rows: query (token, head of the group) pairs g0 .. g0 + gt of q_tokens * group.
   const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group, g0 = blockIdx.z * T;
   const uint32_t gt = min(uint32_t(T), rows - g0);
@@ -140,7 +140,7 @@ extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
   if (c1 - c0 == 1) return;
   const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
   const float *part_out = reinterpret_cast<const float *>(p.part_out);
-  const PkvChunk *chunks = reinterpret_cast<const PkvChunk *>(p.chunks);
+  const PkvRecord *chunks = reinterpret_cast<const PkvRecord *>(p.records);
   auto part = [&](uint32_t c) { return (uint64_t(chunks[c].part) * p.q_tokens + tok) * p.q_heads + qh; };
   float top = -INFINITY;
   for (uint32_t c = c0; c < c1; c++) top = fmaxf(top, part_lse[part(c)]);

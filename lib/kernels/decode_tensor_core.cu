@@ -107,11 +107,11 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const float *q_scale_sm = q_scale_of(mt);
   const PkvPool &pool = p.pool;
   const uint32_t group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group;
-  const PkvChunk *chunks = reinterpret_cast<const PkvChunk *>(p.chunks); // one KV head's each
-  // The first item's chunk is read alongside the chunk count, not after it: the grid covers the plan
-  // it was launched for, so the chunk lies in the plan buffer.
-  PkvChunk c = chunks[blockIdx.x / p.row_tiles];
-  const uint32_t n_chunks = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_chunks;
+  const PkvRecord *records = reinterpret_cast<const PkvRecord *>(p.records); // one KV head's each
+  // The first item's record is read alongside the record count, not after it: the grid covers the
+  // plan it was launched for, so the record lies in the plan buffer.
+  PkvRecord c = records[blockIdx.x / p.row_tiles];
+  const uint32_t n_records = reinterpret_cast<const PkvPlanHeader *>(p.plan)->n_records;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
   const float q_mul = p.scale * kLog2e; // scores in log2 units
   // Float K: q enters unscaled and the fp32 scores take the scale, so the f16 parts of q keep their
@@ -121,9 +121,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const QParts qp{!q_exact, K::quantized ? 1.0f : q_mul};
   const float q_pre = K::quantized ? q_mul : 1.0f; // what q_values multiplies q by
 
-  for (uint32_t item = blockIdx.x; item < n_chunks * p.row_tiles; item += gridDim.x) {
+  for (uint32_t item = blockIdx.x; item < n_records * p.row_tiles; item += gridDim.x) {
     const uint32_t z = item % p.row_tiles;
-    if (item != blockIdx.x) c = chunks[item / p.row_tiles];
+    if (item != blockIdx.x) c = records[item / p.row_tiles];
     if (c.seq == kNoSeq) continue; // a balanced plan's filler (every thread skips it)
     const uint32_t h = c.head;
     const uint32_t length = c.length;

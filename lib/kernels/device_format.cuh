@@ -14,8 +14,8 @@ namespace pkv_dev {
 enum : uint32_t { F32 = 1, F16 = 2, BF16 = 3, Q8_0 = 4, Q4_0 = 5 };
 constexpr uint32_t kGroup = 32;
 constexpr float kLog2e = 1.4426950408889634f; // natural-log units to log2 units
-constexpr uint32_t kNoPart = 0xffffffffu; // PkvChunk.part of a sequence's only chunk
-constexpr uint32_t kNoSeq = 0xffffffffu;  // PkvChunk.seq of a balanced plan's filler
+constexpr uint32_t kNoPart = 0xffffffffu; // PkvRecord.part of a sequence's only chunk
+constexpr uint32_t kNoSeq = 0xffffffffu;  // PkvRecord.seq of a balanced plan's filler
 
 __device__ __forceinline__ float half_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t float_to_half(float x) { return __half_as_ushort(__float2half_rn(x)); }

@@ -57,10 +57,10 @@ typedef struct PkvCopyParams {
   uint32_t count, reserved;
 } PkvCopyParams;
 
-/* A chunk of a sequence (lib/plan.hpp's DecodeChunk): every KV head's for the older kernels (the
- * grid gives the head), one KV head's for the tensor-core kernel, whose items are (record, row tile);
- * seq UINT32_MAX: a balanced plan's filler, which its block skips. */
-typedef struct PkvChunk {
+/* A plan record (lib/plan.hpp's PlanRecord): a chunk of a sequence, every KV head's for the CUDA-core
+ * and generic kernels (the grid gives the head), one KV head's for the tensor-core kernel, whose items
+ * are (record, row tile); seq UINT32_MAX: a balanced plan's filler, which its block skips. */
+typedef struct PkvRecord {
   uint32_t seq, token_begin, token_end;
   uint32_t part; /* a split sequence's partial-result slot; UINT32_MAX: the sequence's only chunk */
   /* The sequence's own, repeated in each of its chunks so that a block reads its item in one go: */
@@ -70,12 +70,12 @@ typedef struct PkvChunk {
   uint32_t siblings;   /* how many chunks the sequence (and head) has */
   uint32_t head;       /* the KV head (tensor-core kernel); UINT32_MAX: every one */
   uint32_t reserved[3];
-} PkvChunk;
+} PkvRecord;
 
 /* The start of a pool's plan buffer. The arrays after it sit at offsets fixed by the pool's capacity
  * (max_sequences, most chunks), so a captured kernel keeps finding them as batches change. */
 typedef struct PkvPlanHeader {
-  uint32_t n_chunks, count, parts, reserved;
+  uint32_t n_records, count, parts, reserved;
 } PkvPlanHeader;
 
 /* Decode: partial attention per (chunk, KV head, tile of query rows); split sequences are merged by
@@ -85,13 +85,13 @@ typedef struct PkvDecodeParams {
   uint64_t plan;       /* PkvPlanHeader, in the pool's plan buffer */
   uint64_t seq_slots;  /* uint32_t [count]: page-table row of each sequence */
   uint64_t lengths;    /* uint32_t [count] */
-  uint64_t chunks;     /* PkvChunk [n_chunks] */
+  uint64_t records;    /* PkvRecord [n_records] */
   uint64_t seq_chunks; /* uint32_t [count + 1] */
   uint64_t q, out, lse;
   uint64_t part_out;   /* float [parts][q_tokens][q_heads][head_dim] */
   uint64_t part_lse;   /* float [parts][q_tokens][q_heads] */
   uint64_t counters;   /* uint32_t [parts][kv_heads][row_tiles], zero between calls: finished chunks */
-  uint32_t layer, count, q_heads, n_chunks; /* count and n_chunks as planned on the host (the older kernels) */
+  uint32_t layer, count, q_heads, n_chunks; /* count and chunks as planned on the host (CUDA-core, generic kernels) */
   uint32_t q_tokens;   /* query token t of a sequence of length L sees positions [0, L - q_tokens + t] */
   uint32_t row_tiles;  /* blocks' tiles of query rows per KV head */
   uint32_t q_format, out_format;
@@ -115,9 +115,9 @@ typedef struct PkvReadParams {
 
 /* The specialised kernels (decode_cuda_core.cu): tokens per z-slice of a tile, shared-memory stages
  * in flight, most threads a block has. */
-#define PKV_FAST_TT 4
-#define PKV_FAST_STAGES 4
-#define PKV_FAST_MAX_THREADS 256
+#define PKV_CUDA_CORE_TT 4
+#define PKV_CUDA_CORE_STAGES 4
+#define PKV_CUDA_CORE_MAX_THREADS 256
 
 /* The tensor-core kernels (decode_tensor_core.cu): warps per tile of query rows, each warp taking
  * PKV_MMA_TOKENS tokens of a shared-memory stage; query rows a tile: PKV_MMA_ROWS for the wide tile

@@ -109,8 +109,8 @@ const unsigned char *cuda_twin(const void *image) {
   static const struct {
     const unsigned char *hip, *cuda;
   } files[] = {{pkv::hip_image_pages, pkv::cuda_image_pages},
-               {pkv::hip_image_decode, pkv::cuda_image_decode},
-               {pkv::hip_image_decode_fast, pkv::cuda_image_decode_fast}};
+               {pkv::hip_image_decode_generic, pkv::cuda_image_decode_generic},
+               {pkv::hip_image_decode_cuda_core, pkv::cuda_image_decode_cuda_core}};
   const Bundle b = read_bundle(static_cast<const unsigned char *>(image));
   if (!b.amd) return nullptr;
   for (const auto &f : files)
