@@ -1,6 +1,7 @@
 // The C boundary: every public function checks its arguments, runs, and turns whatever went wrong
 // into a status plus this thread's last-error text. No exception leaves this file.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <limits>
@@ -99,6 +100,85 @@ void check_pool_desc(const pkv_pool_desc &d) {
   if (uint64_t(d.layers) * d.pages > std::numeric_limits<uint64_t>::max() / block)
     fail(PKV_ERR_OUT_OF_MEMORY, "%u layers x %u pages x %llu bytes does not fit in 64 bits", d.layers, d.pages,
          (unsigned long long)block);
+}
+
+// The pool's calls: what the arguments alone decide (shape, range, NULL) is checked here, before the
+// pool runs; the pool checks what its state decides (handles, lengths, shared pages, free pages and
+// sequence slots). With count 0 a call checks nothing after count and the pool returns at once.
+
+void check_layer(const pkv::PoolGeometry &g, uint32_t layer) {
+  if (layer >= g.layers) fail(PKV_ERR_INVALID_ARGUMENT, "layer %u is out of range: the pool has %u layers", layer, g.layers);
+}
+
+void check_io_format(pkv_format f, const char *what) {
+  if (!pkv::is_io_format(f))
+    fail(PKV_ERR_INVALID_ARGUMENT, "%s is %s (%d): expected f32, f16 or bf16", what, pkv_format_name(f), int(f));
+}
+
+void check_memory(pkv_memory m) {
+  if (m != PKV_MEMORY_HOST && m != PKV_MEMORY_DEVICE)
+    fail(PKV_ERR_INVALID_ARGUMENT, "memory is %d: expected PKV_MEMORY_HOST or PKV_MEMORY_DEVICE", int(m));
+}
+
+// A batch names each sequence at most once, so it holds at most max_sequences of them; checked before
+// the pool sizes per-sequence arrays by count.
+void check_batch_count(const pkv::PoolGeometry &g, uint32_t count) {
+  if (count > g.max_sequences)
+    fail(PKV_ERR_INVALID_ARGUMENT, "count is %u but the pool holds at most %u sequences, each once per call", count,
+         g.max_sequences);
+}
+
+// Speculative verification checks a handful of draft tokens at once.
+constexpr uint32_t kMaxQueryTokens = 8;
+
+void check_append_args(const pkv::PoolGeometry &g, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count) {
+  if (count == 0) return;
+  check_pointer(seqs, "seqs");
+  check_pointer(n_new, "n_new");
+  check_batch_count(g, count);
+}
+
+void check_write_args(const pkv::PoolGeometry &g, const pkv_write_args &a) {
+  check_layer(g, a.layer);
+  check_io_format(a.src_format, "src_format");
+  check_memory(a.memory);
+  if (a.count == 0) return;
+  check_pointer(a.seqs, "seqs");
+  check_pointer(a.n_tokens, "n_tokens");
+  check_pointer(a.k, "k");
+  check_pointer(a.v, "v");
+  check_batch_count(g, a.count);
+}
+
+void check_read_args(const pkv::PoolGeometry &g, const pkv_read_args &a) {
+  check_layer(g, a.layer);
+  check_io_format(a.dst_format, "dst_format");
+  check_memory(a.memory);
+  if (!a.k && !a.v) fail(PKV_ERR_INVALID_ARGUMENT, "k and v are both NULL: nothing to read into");
+}
+
+// launch: pkv_decode, which reads q and writes out; pkv_decode_prepare touches neither.
+void check_decode_args(const pkv::PoolGeometry &g, const pkv_decode_args &a, bool launch) {
+  check_layer(g, a.layer);
+  if (a.q_heads == 0 || a.q_heads % g.kv_heads != 0)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", a.q_heads,
+         g.kv_heads);
+  if (a.q_heads > PKV_MAX_Q_HEADS)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads is %u: at most %u query heads", a.q_heads, unsigned(PKV_MAX_Q_HEADS));
+  if (a.q_tokens == 0 || a.q_tokens > kMaxQueryTokens)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is %u: expected 1 to %u query tokens per sequence", a.q_tokens,
+         kMaxQueryTokens);
+  if (!(a.scale >= 0.0f) || std::isinf(a.scale))
+    fail(PKV_ERR_INVALID_ARGUMENT, "scale %g is not a finite value >= 0 (0 selects 1/sqrt(head_dim))", double(a.scale));
+  check_io_format(a.q_format, "q_format");
+  check_io_format(a.out_format, "out_format");
+  check_memory(a.memory);
+  if (a.count == 0) return;
+  check_pointer(a.seqs, "seqs");
+  if (launch) {
+    check_pointer(a.q, "q");
+    check_pointer(a.out, "out");
+  }
 }
 
 pkv_pool &pool_ref(pkv_pool *pool) {
@@ -259,34 +339,46 @@ PKV_API pkv_status pkv_seq_length(pkv_pool *pool, pkv_seq seq, uint32_t *out) {
 }
 
 PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count) {
-  return guarded(__func__, [&] { pool_ref(pool).append(seqs, n_new, count); });
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    check_append_args(p.geometry(), seqs, n_new, count);
+    p.append(seqs, n_new, count);
+  });
 }
 
 PKV_API pkv_status pkv_write(pkv_pool *pool, const pkv_write_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    p.write(read_struct(args, "args"));
+    const pkv_write_args a = read_struct(args, "args");
+    check_write_args(p.geometry(), a);
+    p.write(a);
   });
 }
 
 PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    p.read(read_struct(args, "args"));
+    const pkv_read_args a = read_struct(args, "args");
+    check_read_args(p.geometry(), a);
+    p.read(a);
   });
 }
 
 PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    p.decode(read_struct(args, "args"));
+    const pkv_decode_args a = read_struct(args, "args");
+    check_decode_args(p.geometry(), a, true);
+    p.decode(a);
   });
 }
 
 PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    p.decode_prepare(read_struct(args, "args"));
+    const pkv_decode_args a = read_struct(args, "args");
+    check_decode_args(p.geometry(), a, false);
+    p.decode_prepare(a);
   });
 }
 

@@ -29,27 +29,6 @@ pkv::PoolGeometry make_geometry(const pkv_pool_desc &d) {
   return g;
 }
 
-void check_layer(const pkv::PoolGeometry &g, uint32_t layer) {
-  if (layer >= g.layers) fail(PKV_ERR_INVALID_ARGUMENT, "layer %u is out of range: the pool has %u layers", layer, g.layers);
-}
-
-void check_io_format(pkv_format f, const char *what) {
-  if (!pkv::is_io_format(f))
-    fail(PKV_ERR_INVALID_ARGUMENT, "%s is %s (%d): expected f32, f16 or bf16", what, pkv_format_name(f), int(f));
-}
-
-void check_memory(pkv_memory m) {
-  if (m != PKV_MEMORY_HOST && m != PKV_MEMORY_DEVICE)
-    fail(PKV_ERR_INVALID_ARGUMENT, "memory is %d: expected PKV_MEMORY_HOST or PKV_MEMORY_DEVICE", int(m));
-}
-
-// Speculative verification checks a handful of draft tokens at once.
-constexpr uint32_t kMaxQueryTokens = 8;
-
-void check_pointer(const void *p, const char *what) {
-  if (!p) fail(PKV_ERR_INVALID_ARGUMENT, "%s is NULL", what);
-}
-
 } // namespace
 
 pkv_pool::DeviceMemory::DeviceMemory(pkv_context *c, pkv::PoolGeometry *geometry) : ctx(c), g(geometry) {
@@ -209,12 +188,6 @@ uint32_t pkv_pool::length(pkv_seq seq) {
 
 void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count) {
   if (count == 0) return;
-  check_pointer(seqs, "seqs");
-  check_pointer(n_new, "n_new");
-  // Checked before the per-sequence arrays below are sized by count.
-  if (count > geometry_.max_sequences)
-    fail(PKV_ERR_INVALID_ARGUMENT, "count is %u but the pool holds at most %u sequences, each once per call", count,
-         geometry_.max_sequences);
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(seqs, count, "seqs", true);
 
@@ -285,17 +258,7 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
 }
 
 void pkv_pool::write(const pkv_write_args &a) {
-  check_layer(geometry_, a.layer);
-  check_io_format(a.src_format, "src_format");
-  check_memory(a.memory);
   if (a.count == 0) return;
-  check_pointer(a.seqs, "seqs");
-  check_pointer(a.n_tokens, "n_tokens");
-  check_pointer(a.k, "k");
-  check_pointer(a.v, "v");
-  if (a.count > geometry_.max_sequences)
-    fail(PKV_ERR_INVALID_ARGUMENT, "count is %u but the pool holds at most %u sequences, each once per call", a.count,
-         geometry_.max_sequences);
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", true);
   std::vector<pkv::RowSlot> targets;
@@ -322,10 +285,6 @@ void pkv_pool::write(const pkv_write_args &a) {
 }
 
 void pkv_pool::read(const pkv_read_args &a) {
-  check_layer(geometry_, a.layer);
-  check_io_format(a.dst_format, "dst_format");
-  check_memory(a.memory);
-  if (!a.k && !a.v) fail(PKV_ERR_INVALID_ARGUMENT, "k and v are both NULL: nothing to read into");
   std::lock_guard<std::mutex> lock(mu_);
   const Sequence &s = seqs_[handles_.resolve(a.seq, "seq")];
   if (uint64_t(a.start) + a.count > s.length)
@@ -344,26 +303,7 @@ void pkv_pool::decode(const pkv_decode_args &a) { run_decode(a, true); }
 void pkv_pool::decode_prepare(const pkv_decode_args &a) { run_decode(a, false); }
 
 void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
-  check_layer(geometry_, a.layer);
-  if (a.q_heads == 0 || a.q_heads % geometry_.kv_heads != 0)
-    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", a.q_heads,
-         geometry_.kv_heads);
-  if (a.q_heads > PKV_MAX_Q_HEADS)
-    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads is %u: at most %u query heads", a.q_heads, unsigned(PKV_MAX_Q_HEADS));
-  if (a.q_tokens == 0 || a.q_tokens > kMaxQueryTokens)
-    fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is %u: expected 1 to %u query tokens per sequence", a.q_tokens,
-         kMaxQueryTokens);
-  if (!(a.scale >= 0.0f) || std::isinf(a.scale))
-    fail(PKV_ERR_INVALID_ARGUMENT, "scale %g is not a finite value >= 0 (0 selects 1/sqrt(head_dim))", double(a.scale));
-  check_io_format(a.q_format, "q_format");
-  check_io_format(a.out_format, "out_format");
-  check_memory(a.memory);
   if (a.count == 0) return;
-  check_pointer(a.seqs, "seqs");
-  if (launch) {
-    check_pointer(a.q, "q");
-    check_pointer(a.out, "out");
-  }
 
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);

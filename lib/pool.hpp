@@ -1,5 +1,7 @@
 // A pool: pages for every layer of one model, the sequences that hold them, and the operations of an
 // engine step. Bookkeeping happens here; the bytes are moved by the context's backend.
+// Arguments arrive checked by api.cpp (shape, range, NULL); the pool checks only what its state
+// decides: handles, sequence lengths against positions, shared pages, free pages and sequence slots.
 #pragma once
 
 #include <cstdint>
