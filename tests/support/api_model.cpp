@@ -1,4 +1,4 @@
-// The model-checked call driver of tests/api_model.h.
+// The model-checked call driver of tests/support/api_model.h.
 #include "api_model.h"
 
 #include <algorithm>

@@ -3,8 +3,8 @@
  * The test keeps its own copy of what every page must hold: each K/V value written, as the source
  * format stores it, rounded to the page format (tu_round_trip, written independently of the library).
  * The oracle computes softmax(scale q.k) v and lse in double from those values and from q as q_format
- * stores it (tests/oracle.c), so what is left to compare is decode's own arithmetic, against the tolerances
- * oracle_tolerance_for gives (docs/testing.md explains them).
+ * stores it (tests/support/oracle.c), so what is left to compare is decode's own arithmetic, against
+ * the tolerances oracle_tolerance_for gives (docs/testing.md explains them).
  *
  * Three tables drive the tests:
  *   matrix     every K/V format pair once, with head_dim, GQA, page size, source/q/out format and
@@ -38,7 +38,8 @@
  * Tolerances
  * ------------------------------------------------------------------------------------------------- */
 
-/* The error allowed against the oracle: tests/oracle.c (oracle_tolerance_for, oracle_out_rounding). */
+/* The error allowed against the oracle: tests/support/oracle.c (oracle_tolerance_for,
+ * oracle_out_rounding). */
 
 /* ---------------------------------------------------------------------------------------------------
  * Small helpers
