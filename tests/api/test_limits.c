@@ -113,13 +113,8 @@ static void q_heads_bound(void **state) {
   assert_int_equal(pkv_seq_alloc(pool, &s), PKV_OK);
   assert_int_equal(pkv_append(pool, &s, &n, 1), PKV_OK);
   static float q[PKV_MAX_Q_HEADS * 8 * 32], out[PKV_MAX_Q_HEADS * 8 * 32];
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = &s;
-  a.count = 1;
-  a.q = q;
-  a.out = out;
+  pkv_decode_args a = pu_decode_args(0, &s, 1, PKV_MAX_Q_HEADS, q, out, NULL);
   a.q_tokens = 8;
-  a.q_heads = PKV_MAX_Q_HEADS;
   assert_int_equal(pkv_decode(pool, &a), PKV_OK);
   /* 2^29 heads times 8 tokens is 2^32 rows: 0 in 32 bits. */
   const uint32_t bad[] = {PKV_MAX_Q_HEADS + 1, 1u << 29, UINT32_MAX};
@@ -252,14 +247,8 @@ static void dominant_token(uint32_t tokens, double gap, uint32_t chunk_pages) {
   k[0] = (float)gap;
   assert_int_equal(pu_write(pool, 0, &s, &tokens, 1, PKV_FORMAT_F32, k, v), PKV_OK);
   float q[32] = {1.0f}, out[32], lse;
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = &s;
-  a.count = 1;
-  a.q_heads = 1;
+  pkv_decode_args a = pu_decode_args(0, &s, 1, 1, q, out, &lse);
   a.scale = 1.0f;
-  a.q = q;
-  a.out = out;
-  a.lse = &lse;
   a.chunk_pages = chunk_pages;
   assert_int_equal(pkv_decode(pool, &a), PKV_OK);
   double worst = 0.0;

@@ -33,12 +33,7 @@ typedef struct worker {
 } worker;
 
 static void decode(worker *w, float *out) {
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = &w->seq;
-  a.count = 1;
-  a.q_heads = Q_HEADS;
-  a.q = w->q;
-  a.out = out;
+  const pkv_decode_args a = pu_decode_args(0, &w->seq, 1, Q_HEADS, w->q, out, NULL);
   const pkv_status st = pkv_decode(w->pool, &a);
   if (st != PKV_OK) w->failed = st;
 }
@@ -67,8 +62,8 @@ static void two_pools_two_threads(void **state) {
   assert_non_null(rows);
   const uint32_t len = LEN;
   for (int p = 0; p < 2; p++) {
-    for (size_t i = 0; i < (size_t)LEN * HEAD_DIM * 2; i++) rows[i] = (float)tu_uniform(&rng, -2.0, 2.0);
-    for (size_t i = 0; i < Q_HEADS * HEAD_DIM; i++) w[p].q[i] = (float)tu_uniform(&rng, -2.0, 2.0);
+    tu_fill_uniform(&rng, rows, (size_t)LEN * HEAD_DIM * 2, -2.0, 2.0);
+    tu_fill_uniform(&rng, w[p].q, Q_HEADS * HEAD_DIM, -2.0, 2.0);
     assert_int_equal(pkv_seq_alloc(w[p].pool, &w[p].seq), PKV_OK);
     assert_int_equal(pkv_append(w[p].pool, &w[p].seq, &len, 1), PKV_OK);
     assert_int_equal(pu_write(w[p].pool, 0, &w[p].seq, &len, 1, PKV_FORMAT_F32, rows, rows + (size_t)LEN * HEAD_DIM),
@@ -200,15 +195,9 @@ static void *many_run(void *arg) {
       break;
     }
     case 4: {
-      pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+      const pkv_decode_args a = pu_decode_args(0, &s, 1, 2, q, out, out + 2 * MANY_DIM);
       for (int e = 0; e < 2 * MANY_DIM; e++) q[e] = 0.5f;
       what = "decode";
-      a.seqs = &s;
-      a.count = 1;
-      a.q_heads = 2;
-      a.q = q;
-      a.out = out;
-      a.lse = out + 2 * MANY_DIM;
       st = pkv_decode(m->pool, &a);
       break;
     }

@@ -6,7 +6,14 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
+
+void *pu_malloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) fail_msg("out of memory (%zu bytes)", bytes);
+  return p;
+}
 
 pkv_pool_desc pu_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t page_size,
                       uint32_t pages, uint32_t max_sequences, pkv_format k_format, pkv_format v_format) {
@@ -22,17 +29,20 @@ pkv_pool_desc pu_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uin
   return d;
 }
 
-void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool) {
+pkv_status pu_context(pkv_context **ctx) {
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  pkv_status st;
-  *ctx = NULL;
-  *pool = NULL;
-  st = pkv_context_create(&cd, ctx);
+  const pkv_status st = pkv_context_create(&cd, ctx);
   if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
     print_message("    skipped: %s\n", pkv_last_error());
     skip();
   }
-  assert_int_equal(st, PKV_OK);
+  return st;
+}
+
+void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool) {
+  *ctx = NULL;
+  *pool = NULL;
+  assert_int_equal(pu_context(ctx), PKV_OK);
   assert_non_null(*ctx);
   assert_int_equal(pkv_pool_create(*ctx, desc, pool), PKV_OK);
   assert_non_null(*pool);
@@ -98,4 +108,17 @@ pkv_status pu_read(pkv_pool *pool, uint32_t layer, pkv_seq seq, uint32_t start, 
   a.k = k;
   a.v = v;
   return pkv_read(pool, &a);
+}
+
+pkv_decode_args pu_decode_args(uint32_t layer, const pkv_seq *seqs, uint32_t count, uint32_t q_heads, const void *q,
+                               void *out, float *lse) {
+  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+  a.layer = layer;
+  a.seqs = seqs;
+  a.count = count;
+  a.q_heads = q_heads;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  return a;
 }

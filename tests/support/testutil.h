@@ -1,5 +1,6 @@
 /* Helpers shared by the tests: a seeded random source and reference encodings written here,
- * independently of the library, so the library's formats can be checked against them. */
+ * independently of the library, so the library's formats can be checked against them. Nothing here
+ * needs cmocka (poolutil.h has the helpers that do). */
 #ifndef PKV_TESTUTIL_H
 #define PKV_TESTUTIL_H
 
@@ -18,6 +19,20 @@ tu_rng tu_rng_make(uint64_t seed);
 uint64_t tu_next(tu_rng *r);
 uint32_t tu_below(tu_rng *r, uint32_t n); /* uniform in [0, n) */
 double tu_uniform(tu_rng *r, double lo, double hi);
+
+/* Stream `index` of a seed: each case or scenario draws from a stream of its own, so replaying a seed
+ * reproduces any one of them alone. */
+tu_rng tu_rng_stream(uint64_t seed, uint64_t index);
+
+/* x[0..n) drawn from tu_uniform(r, lo, hi) in order. */
+void tu_fill_uniform(tu_rng *r, float *x, size_t n, double lo, double hi);
+
+/* a[0..n) in a random order (Fisher-Yates). */
+void tu_shuffle(tu_rng *r, uint32_t *a, uint32_t n);
+
+#define TU_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+static inline uint32_t tu_min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+static inline uint32_t tu_max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 /* Reference scalar conversions (round to nearest even). */
 uint16_t tu_f32_to_f16(float x);
