@@ -218,27 +218,9 @@ static pkv_pool_stats good_stats(void) {
   return s;
 }
 /* the newest 2 of b's 3 tokens, layer 1 */
-static pkv_write_args good_write(fixture *f) {
-  pkv_write_args a = PKV_WRITE_ARGS_INIT;
-  a.layer = 1;
-  a.seqs = &f->b;
-  a.n_tokens = &two;
-  a.count = 1;
-  a.k = f->k;
-  a.v = f->v;
-  return a;
-}
+static pkv_write_args good_write(fixture *f) { return pu_write_args(1, &f->b, &two, 1, PKV_FORMAT_F32, f->k, f->v); }
 /* tokens 1..5 of a, layer 1 */
-static pkv_read_args good_read(fixture *f) {
-  pkv_read_args a = PKV_READ_ARGS_INIT;
-  a.layer = 1;
-  a.seq = f->a;
-  a.start = 1;
-  a.count = 5;
-  a.k = f->rk;
-  a.v = f->rv;
-  return a;
-}
+static pkv_read_args good_read(fixture *f) { return pu_read_args(1, f->a, 1, 5, PKV_FORMAT_F32, f->rk, f->rv); }
 /* a, b and empty, layer 1 */
 static pkv_decode_args good_decode(fixture *f) {
   return pu_decode_args(1, f->batch, 3, Q_HEADS, f->q, f->out, f->lse);

@@ -283,18 +283,10 @@ static void f16_weight_slack(const scenario *s, const double *q, const float *k,
   const uint32_t D = s->desc.head_dim;
   const pkv_format vf = s->desc.v_format;
   const double levels = vf == PKV_FORMAT_Q8_0 ? 127.0 : vf == PKV_FORMAT_Q4_0 ? 8.0 : 0.0;
-  double *logit = pu_malloc((n ? n : 1) * sizeof *logit), top = -INFINITY, z = 0.0;
   for (uint32_t d = 0; d < D; d++) slack[d] = 0.0;
-  if (vf != PKV_FORMAT_F16 && !levels) {
-    free(logit);
-    return;
-  }
-  for (uint32_t t = 0; t < n; t++) {
-    double dot = 0.0;
-    for (uint32_t d = 0; d < D; d++) dot += q[d] * k[(size_t)t * s->row + d];
-    logit[t] = scale * dot;
-    top = fmax(top, logit[t]);
-  }
+  if (vf != PKV_FORMAT_F16 && !levels) return;
+  double *logit = pu_malloc((n ? n : 1) * sizeof *logit), z = 0.0;
+  const double top = oracle_logits(q, k, s->row, n, D, scale, logit);
   for (uint32_t t = 0; t < n; t++) {
     const float *row = v + (size_t)t * s->row;
     z += exp(logit[t] - top);

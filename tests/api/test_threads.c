@@ -122,7 +122,7 @@ typedef struct many {
 
 typedef struct many_thread {
   many *m;
-  uint64_t seed;
+  tu_rng rng; /* the thread's own stream of the run's seed */
   int value; /* 1..THREADS: every K element this thread writes; V gets its negative */
 } many_thread;
 
@@ -140,7 +140,7 @@ static int allowed(pkv_status st) {
 static void *many_run(void *arg) {
   many_thread *t = arg;
   many *m = t->m;
-  tu_rng r = tu_rng_make(t->seed);
+  tu_rng r = t->rng;
   float k[16 * MANY_DIM], v[16 * MANY_DIM], q[2 * MANY_DIM], out[2 * MANY_DIM * 2 + 4];
   for (int step = 0; step < STEPS && !__atomic_load_n(&m->bad, __ATOMIC_SEQ_CST); step++) {
     const uint32_t i = tu_below(&r, SHARED_SLOTS);
@@ -231,7 +231,7 @@ static void one_pool_many_threads(void **state) {
   many_thread args[THREADS];
   for (int i = 0; i < THREADS; i++) {
     args[i].m = &m;
-    args[i].seed = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    args[i].rng = tu_rng_stream(seed, (uint64_t)i);
     args[i].value = i + 1;
     assert_int_equal(pthread_create(&threads[i], NULL, many_run, &args[i]), 0);
   }

@@ -109,13 +109,7 @@ void device_pointers_match_host_pointers(void **) {
   CHECK_OK(pkv_append(host_pool, hs, len, B));
   CHECK_OK(pkv_append(dev_pool, ds, len, B));
 
-  pkv_write_args w = PKV_WRITE_ARGS_INIT;
-  w.layer = 1;
-  w.n_tokens = len;
-  w.count = B;
-  w.seqs = hs;
-  w.k = k.data();
-  w.v = v.data();
+  pkv_write_args w = pu_write_args(1, hs, len, B, PKV_FORMAT_F32, k.data(), v.data());
   CHECK_OK(pkv_write(host_pool, &w));
   w.seqs = ds;
   w.memory = PKV_MEMORY_DEVICE;
@@ -126,12 +120,8 @@ void device_pointers_match_host_pointers(void **) {
   // Rows read back into device memory equal rows read into host memory.
   std::vector<float> host_k(size_t(len[1]) * KV * D);
   CHECK_OK(pu_read(host_pool, 1, hs[1], 0, len[1], PKV_FORMAT_F32, host_k.data(), nullptr));
-  pkv_read_args r = PKV_READ_ARGS_INIT;
-  r.layer = 1;
-  r.seq = ds[1];
-  r.count = len[1];
+  pkv_read_args r = pu_read_args(1, ds[1], 0, len[1], PKV_FORMAT_F32, mem.alloc(host_k.size() * 4), nullptr);
   r.memory = PKV_MEMORY_DEVICE;
-  r.k = mem.alloc(host_k.size() * 4);
   CHECK_OK(pkv_read(dev_pool, &r));
   if (std::memcmp(mem.download<float>(r.k, host_k.size()).data(), host_k.data(), host_k.size() * 4) != 0)
     fail_msg("rows read into device memory differ from rows read into host memory");

@@ -15,20 +15,6 @@ void *pu_malloc(size_t bytes) {
   return p;
 }
 
-pkv_pool_desc pu_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t page_size,
-                      uint32_t pages, uint32_t max_sequences, pkv_format k_format, pkv_format v_format) {
-  pkv_pool_desc d = PKV_POOL_DESC_INIT;
-  d.layers = layers;
-  d.kv_heads = kv_heads;
-  d.head_dim = head_dim;
-  d.page_size = page_size;
-  d.pages = pages;
-  d.max_sequences = max_sequences;
-  d.k_format = k_format;
-  d.v_format = v_format;
-  return d;
-}
-
 pkv_status pu_context(pkv_context **ctx) {
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
   const pkv_status st = pkv_context_create(&cd, ctx);
@@ -86,39 +72,12 @@ void pu_assert_fails(pkv_status got, pkv_status want) {
 
 pkv_status pu_write(pkv_pool *pool, uint32_t layer, const pkv_seq *seqs, const uint32_t *n_tokens,
                     uint32_t count, pkv_format src_format, const void *k, const void *v) {
-  pkv_write_args a = PKV_WRITE_ARGS_INIT;
-  a.layer = layer;
-  a.seqs = seqs;
-  a.n_tokens = n_tokens;
-  a.count = count;
-  a.src_format = src_format;
-  a.k = k;
-  a.v = v;
+  const pkv_write_args a = pu_write_args(layer, seqs, n_tokens, count, src_format, k, v);
   return pkv_write(pool, &a);
 }
 
 pkv_status pu_read(pkv_pool *pool, uint32_t layer, pkv_seq seq, uint32_t start, uint32_t count,
                    pkv_format dst_format, void *k, void *v) {
-  pkv_read_args a = PKV_READ_ARGS_INIT;
-  a.layer = layer;
-  a.seq = seq;
-  a.start = start;
-  a.count = count;
-  a.dst_format = dst_format;
-  a.k = k;
-  a.v = v;
+  const pkv_read_args a = pu_read_args(layer, seq, start, count, dst_format, k, v);
   return pkv_read(pool, &a);
-}
-
-pkv_decode_args pu_decode_args(uint32_t layer, const pkv_seq *seqs, uint32_t count, uint32_t q_heads, const void *q,
-                               void *out, float *lse) {
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.layer = layer;
-  a.seqs = seqs;
-  a.count = count;
-  a.q_heads = q_heads;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
-  return a;
 }

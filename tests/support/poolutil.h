@@ -1,27 +1,28 @@
-/* Helpers shared by the pool tests: open/close a context and pool, stats, check and skip helpers, and
- * builders of the argument structs. Those that check something do so with cmocka, so call them from
- * inside a cmocka test (outside one, a failed check ends the program). */
+/* Helpers shared by the cmocka programs: open/close a context and pool, stats, check and skip
+ * helpers, pkv_write and pkv_read with host memory; args.h (included) builds the argument structs.
+ * Those that check something do so with cmocka, so call them from inside a cmocka test (outside one,
+ * a failed check ends the program). */
 #ifndef PKV_POOLUTIL_H
 #define PKV_POOLUTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "args.h"
 #include "pagedkv.h"
 
-/* Fails the running test, naming the call, its status and pkv_last_error(), unless it returns PKV_OK. */
-#define CHECK_OK(call)                                                                               \
+/* Fails the running test, naming the call, its status and the last error, unless it returns PKV_OK.
+ * CHECK_OK_IN reaches the library through a function table (pkv_api), as the ABI tests do. */
+#define CHECK_OK(call) PU_CHECK_OK_(#call, (call), pkv_status_string, pkv_last_error)
+#define CHECK_OK_IN(api, call) PU_CHECK_OK_(#call, (call), (api)->status_string, (api)->last_error)
+#define PU_CHECK_OK_(text, call, status_string, last_error)                                         \
   do {                                                                                               \
-    pkv_status st_ = (call);                                                                         \
-    if (st_ != PKV_OK) fail_msg("%s -> %s (%s)", #call, pkv_status_string(st_), pkv_last_error()); \
+    const pkv_status st_ = call;                                                                     \
+    if (st_ != PKV_OK) fail_msg("%s -> %s (%s)", text, status_string(st_), last_error());           \
   } while (0)
 
 /* malloc that fails the running test when the memory is not there; 0 bytes allocates 1. */
 void *pu_malloc(size_t bytes);
-
-/* A pool description; page_order_seed 0. */
-pkv_pool_desc pu_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t page_size,
-                      uint32_t pages, uint32_t max_sequences, pkv_format k_format, pkv_format v_format);
 
 /* A context on PKV_BACKEND_AUTO (so PKV_BACKEND picks the backend): pkv_context_create's status, but
  * the test is skipped, saying why, when PKV_BACKEND names a backend this machine lacks. */
@@ -38,16 +39,10 @@ uint32_t pu_length(pkv_pool *pool, pkv_seq seq);
 /* got == want, and a failure left a non-empty pkv_last_error(). */
 void pu_assert_fails(pkv_status got, pkv_status want);
 
-/* pkv_write / pkv_read with host memory. */
+/* pkv_write / pkv_read with host memory (pu_write_args, pu_read_args). */
 pkv_status pu_write(pkv_pool *pool, uint32_t layer, const pkv_seq *seqs, const uint32_t *n_tokens,
                     uint32_t count, pkv_format src_format, const void *k, const void *v);
 pkv_status pu_read(pkv_pool *pool, uint32_t layer, pkv_seq seq, uint32_t start, uint32_t count,
                    pkv_format dst_format, void *k, void *v);
-
-/* pkv_decode_args for `count` sequences of `layer` with q_heads query heads each, one query token,
- * F32 q and out in host memory, and lse (NULL: none); the other fields as PKV_DECODE_ARGS_INIT sets
- * them. */
-pkv_decode_args pu_decode_args(uint32_t layer, const pkv_seq *seqs, uint32_t count, uint32_t q_heads, const void *q,
-                               void *out, float *lse);
 
 #endif
