@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -27,14 +28,6 @@
 
 #include "poolutil.h"
 #include "testutil.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
 
 static double now(void) {
   struct timespec t;
@@ -82,9 +75,7 @@ static void batch_count_past_max_sequences(void **state) {
 
 static void pool_too_large_for_the_host(void **state) {
   (void)state;
-#if defined(UNDER_ASAN)
-  skip(); /* AddressSanitizer's allocator stops the program on a 2^61-byte request instead of failing it */
-#endif
+  pu_skip_under_asan("its allocator stops the program on a 2^61-byte request instead of failing it");
   /* 2^28 pages of 8 GiB each (every layer's K and V): the page memory fails at once; the host's
    * bookkeeping for that many pages would take 2 GiB and a second. */
   pkv_pool_desc huge = pu_desc(1, 4096, 256, 1024, 1u << 28, 1, PKV_FORMAT_F32, PKV_FORMAT_F32);
@@ -279,5 +270,5 @@ int main(void) {
       cmocka_unit_test(handles_of_live_pools_never_cross), cmocka_unit_test(live_pool_limit),
       cmocka_unit_test(dominant_token_numerics),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

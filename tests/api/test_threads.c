@@ -86,9 +86,7 @@ static void two_pools_two_threads(void **state) {
 
 static void failed_pool_leaves_context_usable(void **state) {
   (void)state;
-#if defined(__SANITIZE_ADDRESS__)
-  skip(); /* AddressSanitizer's allocator stops the program on a 512 TiB request instead of failing it */
-#endif
+  pu_skip_under_asan("its allocator stops the program on a 512 TiB request instead of failing it");
   pkv_pool_desc huge = pu_desc(65536, 4096, 256, 1024, 1, 1, PKV_FORMAT_F32, PKV_FORMAT_F32); /* 8 GiB x 65536 */
   const pkv_pool_desc small = pu_desc(1, 1, HEAD_DIM, 16, 4, 1, PKV_FORMAT_F16, PKV_FORMAT_F16);
   pkv_context *ctx;

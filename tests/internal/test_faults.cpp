@@ -22,6 +22,7 @@
 #include <csetjmp>
 extern "C" {
 #include <cmocka.h>
+#include "tu_run.h"
 }
 
 #include <cstdio>
@@ -360,7 +361,7 @@ int main() {
     std::fprintf(stderr, "PKV_FAULT_SCENARIO=%s names no scenario\n", only);
     return 1;
   }
-  const int failed = _cmocka_run_group_tests("faults", tests.data(), tests.size(), nullptr, nullptr);
+  const int failed = tu_run_group("faults", tests.data(), tests.size(), nullptr, nullptr);
   std::printf("# fault injection: %zu scenarios, %llu host allocation and %llu thread points, %llu runs with a fault "
               "armed, %llu of them failed cleanly and were retried\n",
               tests.size(), (unsigned long long)g_totals.points[0], (unsigned long long)g_totals.points[1],

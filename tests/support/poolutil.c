@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "testutil.h"
+
 void *pu_malloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
   if (!p) fail_msg("out of memory (%zu bytes)", bytes);
@@ -18,7 +20,7 @@ void *pu_malloc(size_t bytes) {
 pkv_status pu_context(pkv_context **ctx) {
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
   const pkv_status st = pkv_context_create(&cd, ctx);
-  if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
+  if (tu_backend_missing(st)) {
     print_message("    skipped: %s\n", pkv_last_error());
     skip();
   }
@@ -80,4 +82,21 @@ pkv_status pu_read(pkv_pool *pool, uint32_t layer, pkv_seq seq, uint32_t start, 
                    pkv_format dst_format, void *k, void *v) {
   const pkv_read_args a = pu_read_args(layer, seq, start, count, dst_format, k, v);
   return pkv_read(pool, &a);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+void pu_skip_under_asan(const char *why) {
+#if defined(UNDER_ASAN)
+  print_message("    skipped under AddressSanitizer: %s\n", why);
+  skip();
+#else
+  (void)why;
+#endif
 }

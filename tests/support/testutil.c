@@ -217,6 +217,8 @@ float tu_load(pkv_format format, const void *buf, size_t i) {
   }
 }
 
+int tu_backend_missing(pkv_status st) { return st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE; }
+
 void tu_set_env(const char *name, const char *value) {
 #ifdef _WIN32
   _putenv_s(name, value ? value : "");

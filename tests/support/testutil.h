@@ -66,6 +66,14 @@ void tu_store(pkv_format format, void *buf, size_t i, float x);
 float tu_load(pkv_format format, const void *buf, size_t i);
 size_t tu_elem_bytes(pkv_format format);
 
+/* Whether pkv_context_create's status says the backend asked for (PKV_BACKEND) is one this machine
+ * lacks: PKV_ERR_UNSUPPORTED (not built in) or PKV_ERR_NO_DEVICE. A test then skips rather than fails. */
+int tu_backend_missing(pkv_status st);
+
+/* The exit status of a test program that skipped: meson (and automake) count it as skipped, not
+ * passed (tu_run.h). */
+#define TU_EXIT_SKIP 77
+
 /* Sets (value) or removes (NULL) an environment variable of this process. */
 void tu_set_env(const char *name, const char *value);
 
