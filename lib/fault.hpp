@@ -1,7 +1,7 @@
 // Fault injection for the torture tests (meson option fault_injection, off by default): the library
 // asks fails(kind) at each point where the outside world may refuse it something (a host allocation,
 // a thread, a GPU runtime call); a test arms the Nth point of a kind to fail, once or from then on,
-// and walks N over every point a call reaches (tests/test_faults.cpp). In other builds fails() is a
+// and walks N over every point a call reaches (tests/internal/test_faults.cpp). In other builds fails() is a
 // constant false and costs nothing.
 //
 // Points today: every operator new and the CPU backend's page memory (host_alloc), every worker

@@ -1,6 +1,6 @@
 // libFuzzer harness: each input is a small pool and a sequence of API calls, run against the
-// reference model of tests/api_model.cpp, which checks the pool after every call. A disagreement
-// aborts with what differed; the sanitizers catch the rest. tools/fuzz runs it.
+// reference model of tests/support/api_model.cpp, which checks the pool after every call. A
+// disagreement aborts with what differed; the sanitizers catch the rest. tools/fuzz runs it.
 #include <cstdio>
 #include <cstdlib>
 

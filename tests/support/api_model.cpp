@@ -1,4 +1,4 @@
-// The model-checked call driver of tests/api_model.h.
+// The model-checked call driver of tests/support/api_model.h.
 #include "api_model.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "args.h"
 #include "failure.hpp"
 #include "pagedkv.h"
 
@@ -245,14 +246,7 @@ class Model {
       std::fill(k.begin() + r * row_, k.begin() + (r + 1) * row_, float(values[r]));
       std::fill(v.begin() + r * row_, v.begin() + (r + 1) * row_, -float(values[r]));
     }
-    pkv_write_args a = PKV_WRITE_ARGS_INIT;
-    a.layer = layer;
-    a.seqs = b.h;
-    a.n_tokens = b.n;
-    a.count = b.count;
-    a.src_format = PKV_FORMAT_F32;
-    a.k = k.data();
-    a.v = v.data();
+    const pkv_write_args a = pu_write_args(layer, b.h, b.n, b.count, PKV_FORMAT_F32, k.data(), v.data());
     expect(pkv_write(pool_, &a), want, "write");
     if (want != PKV_OK) return;
     size_t r = 0;
@@ -268,13 +262,7 @@ class Model {
     MSeq *s = find(h);
     const uint32_t layer = in_.next(d_.layers), start = in_.next(s ? s->len + 1 : 4), count = in_.next(s ? s->len + 2 : 4);
     std::vector<float> k(std::max<size_t>(count, 1) * row_), v(k.size());
-    pkv_read_args a = PKV_READ_ARGS_INIT;
-    a.layer = layer;
-    a.seq = h;
-    a.start = start;
-    a.count = count;
-    a.k = k.data();
-    a.v = v.data();
+    const pkv_read_args a = pu_read_args(layer, h, start, count, PKV_FORMAT_F32, k.data(), v.data());
     const pkv_status want = !s ? PKV_ERR_STALE_HANDLE : uint64_t(start) + count <= s->len ? PKV_OK : PKV_ERR_INVALID_ARGUMENT;
     expect(pkv_read(pool_, &a), want, "read");
   }
@@ -288,14 +276,8 @@ class Model {
         if (b.s[i]->len != 0 && b.s[i]->len < q_tokens) want = PKV_ERR_INVALID_ARGUMENT;
     const size_t rows = size_t(b.count) * q_tokens * q_heads;
     std::vector<float> q(rows * d_.head_dim, 0.25f), out(rows * d_.head_dim, NAN), lse(rows, NAN);
-    pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-    a.seqs = b.h;
-    a.count = b.count;
-    a.q_heads = q_heads;
+    pkv_decode_args a = pu_decode_args(0, b.h, b.count, q_heads, q.data(), out.data(), lse.data());
     a.q_tokens = q_tokens;
-    a.q = q.data();
-    a.out = out.data();
-    a.lse = lse.data();
     a.chunk_pages = in_.next(3);
     expect(pkv_decode(pool_, &a), want, "decode");
     if (want != PKV_OK) return;
@@ -320,13 +302,8 @@ class Model {
     case 0: expect(pkv_append(pool_, nullptr, &n, 1), PKV_ERR_INVALID_ARGUMENT, "append NULL"); break;
     case 1: expect(pkv_append(pool_, &h, &n, d_.max_sequences + 1), PKV_ERR_INVALID_ARGUMENT, "append count"); break;
     case 2: {
-      pkv_decode_args a = PKV_DECODE_ARGS_INIT;
       float q[32], out[32];
-      a.seqs = &h;
-      a.count = 1;
-      a.q_heads = PKV_MAX_Q_HEADS + d_.kv_heads;
-      a.q = q;
-      a.out = out;
+      const pkv_decode_args a = pu_decode_args(0, &h, 1, PKV_MAX_Q_HEADS + d_.kv_heads, q, out, nullptr);
       expect(pkv_decode(pool_, &a), PKV_ERR_INVALID_ARGUMENT, "decode q_heads");
       break;
     }
@@ -358,12 +335,7 @@ class Model {
       if (s.len == 0) continue;
       std::vector<float> k(size_t(s.len) * row_), v(k.size());
       for (uint32_t layer = 0; layer < d_.layers; layer++) {
-        pkv_read_args a = PKV_READ_ARGS_INIT;
-        a.layer = layer;
-        a.seq = s.h;
-        a.count = s.len;
-        a.k = k.data();
-        a.v = v.data();
+        const pkv_read_args a = pu_read_args(layer, s.h, 0, s.len, PKV_FORMAT_F32, k.data(), v.data());
         if (pkv_read(pool_, &a) != PKV_OK) test_failure("call %u: read: %s", call_, pkv_last_error());
         for (uint32_t pos = 0; pos < s.len; pos++) {
           const int32_t want = s.rows[size_t(pos) * d_.layers + layer];

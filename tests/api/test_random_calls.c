@@ -5,8 +5,8 @@
  * pool, q_tokens past 8, q_heads not a multiple of kv_heads; rows and q hold random bits in their
  * source format now and then (NaNs and infinities among them). test_bad_input names each bad input
  * once; this mixes them with valid calls in random orders. A second test runs the fuzzer's driver
- * (tests/api_model.cpp) on random bytes, which checks successful calls against a reference model too.
- * PKV_TEST_SEED replays a run. */
+ * (tests/support/api_model.cpp) on random bytes, which checks successful calls against a reference
+ * model too. PKV_TEST_SEED replays a run. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -171,8 +171,8 @@ static void random_calls(void **s) {
   }
 }
 
-/* Random call sequences (tests/api_model.cpp, the fuzzer's driver) from the seed's bytes: every call,
- * successful ones included, checked against the reference model. */
+/* Random call sequences (tests/support/api_model.cpp, the fuzzer's driver) from the seed's bytes:
+ * every call, successful ones included, checked against the reference model. */
 static void random_calls_against_model(void **s) {
   (void)s;
   enum { RUNS = 100, BYTES = 3000 };

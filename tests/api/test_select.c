@@ -1,6 +1,6 @@
 /* Backend selection and what its failures say. The GPU runtimes are opened once per process, so each
- * case is its own run of this program, registered in tests/meson.build with the environment it needs
- * (PKV_BACKEND, PKV_CUDA_DRIVER, PKV_HIP_RUNTIME pointing at missing or wrong libraries) and the
+ * case is its own run of this program, registered in tests/api/meson.build with the environment it
+ * needs (PKV_BACKEND, PKV_CUDA_DRIVER, PKV_HIP_RUNTIME pointing at missing or wrong libraries) and the
  * outcome it must have:
  *
  *   test_select BACKEND gets=NAME [ARG...]     a context asked for BACKEND runs on backend NAME

@@ -10,14 +10,9 @@ void oracle_attend(const double *q, const float *k, const float *v, size_t strid
     *lse = -INFINITY;
     return;
   }
-  double *logit = malloc(n * sizeof *logit), mx = -INFINITY, z = 0.0;
+  double *logit = malloc(n * sizeof *logit), z = 0.0;
   if (!logit) abort();
-  for (uint32_t t = 0; t < n; t++) {
-    double s = 0.0;
-    for (uint32_t d = 0; d < head_dim; d++) s += q[d] * k[t * stride + d];
-    logit[t] = scale * s;
-    mx = fmax(mx, logit[t]);
-  }
+  const double mx = oracle_logits(q, k, stride, n, head_dim, scale, logit);
   for (uint32_t t = 0; t < n; t++) {
     const double p = exp(logit[t] - mx);
     z += p;
@@ -29,6 +24,18 @@ void oracle_attend(const double *q, const float *k, const float *v, size_t strid
   for (uint32_t d = 0; d < head_dim; d++) out[d] /= z, mag[d] /= z;
   *lse = mx + log(z);
   free(logit);
+}
+
+double oracle_logits(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim, double scale,
+                     double *logit) {
+  double mx = -INFINITY;
+  for (uint32_t t = 0; t < n; t++) {
+    double s = 0.0;
+    for (uint32_t d = 0; d < head_dim; d++) s += q[d] * k[t * stride + d];
+    logit[t] = scale * s;
+    mx = fmax(mx, logit[t]);
+  }
+  return mx;
 }
 
 double oracle_logit_magnitude(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim,

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include "tu_run.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -27,14 +28,6 @@
 
 #include "poolutil.h"
 #include "testutil.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
 
 static double now(void) {
   struct timespec t;
@@ -82,9 +75,7 @@ static void batch_count_past_max_sequences(void **state) {
 
 static void pool_too_large_for_the_host(void **state) {
   (void)state;
-#if defined(UNDER_ASAN)
-  skip(); /* AddressSanitizer's allocator stops the program on a 2^61-byte request instead of failing it */
-#endif
+  pu_skip_under_asan("its allocator stops the program on a 2^61-byte request instead of failing it");
   /* 2^28 pages of 8 GiB each (every layer's K and V): the page memory fails at once; the host's
    * bookkeeping for that many pages would take 2 GiB and a second. */
   pkv_pool_desc huge = pu_desc(1, 4096, 256, 1024, 1u << 28, 1, PKV_FORMAT_F32, PKV_FORMAT_F32);
@@ -113,13 +104,8 @@ static void q_heads_bound(void **state) {
   assert_int_equal(pkv_seq_alloc(pool, &s), PKV_OK);
   assert_int_equal(pkv_append(pool, &s, &n, 1), PKV_OK);
   static float q[PKV_MAX_Q_HEADS * 8 * 32], out[PKV_MAX_Q_HEADS * 8 * 32];
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = &s;
-  a.count = 1;
-  a.q = q;
-  a.out = out;
+  pkv_decode_args a = pu_decode_args(0, &s, 1, PKV_MAX_Q_HEADS, q, out, NULL);
   a.q_tokens = 8;
-  a.q_heads = PKV_MAX_Q_HEADS;
   assert_int_equal(pkv_decode(pool, &a), PKV_OK);
   /* 2^29 heads times 8 tokens is 2^32 rows: 0 in 32 bits. */
   const uint32_t bad[] = {PKV_MAX_Q_HEADS + 1, 1u << 29, UINT32_MAX};
@@ -252,14 +238,8 @@ static void dominant_token(uint32_t tokens, double gap, uint32_t chunk_pages) {
   k[0] = (float)gap;
   assert_int_equal(pu_write(pool, 0, &s, &tokens, 1, PKV_FORMAT_F32, k, v), PKV_OK);
   float q[32] = {1.0f}, out[32], lse;
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = &s;
-  a.count = 1;
-  a.q_heads = 1;
+  pkv_decode_args a = pu_decode_args(0, &s, 1, 1, q, out, &lse);
   a.scale = 1.0f;
-  a.q = q;
-  a.out = out;
-  a.lse = &lse;
   a.chunk_pages = chunk_pages;
   assert_int_equal(pkv_decode(pool, &a), PKV_OK);
   double worst = 0.0;
@@ -290,5 +270,5 @@ int main(void) {
       cmocka_unit_test(handles_of_live_pools_never_cross), cmocka_unit_test(live_pool_limit),
       cmocka_unit_test(dominant_token_numerics),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_run_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 #include <csetjmp>
 extern "C" {
 #include <cmocka.h>
+#include "tu_run.h"
 }
 
 #if !defined(_WIN32)
@@ -133,5 +134,5 @@ void test_generation_end_retires_slot(void **) {
 int main() {
   const CMUnitTest tests[] = {cmocka_unit_test(test_chunk_near_2_to_the_32),
                               cmocka_unit_test(test_generation_end_retires_slot)};
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return tu_run_tests(tests, nullptr, nullptr);
 }

@@ -33,12 +33,7 @@ typedef struct worker {
 } worker;
 
 static void decode(worker *w, float *out) {
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = &w->seq;
-  a.count = 1;
-  a.q_heads = Q_HEADS;
-  a.q = w->q;
-  a.out = out;
+  const pkv_decode_args a = pu_decode_args(0, &w->seq, 1, Q_HEADS, w->q, out, NULL);
   const pkv_status st = pkv_decode(w->pool, &a);
   if (st != PKV_OK) w->failed = st;
 }
@@ -67,8 +62,8 @@ static void two_pools_two_threads(void **state) {
   assert_non_null(rows);
   const uint32_t len = LEN;
   for (int p = 0; p < 2; p++) {
-    for (size_t i = 0; i < (size_t)LEN * HEAD_DIM * 2; i++) rows[i] = (float)tu_uniform(&rng, -2.0, 2.0);
-    for (size_t i = 0; i < Q_HEADS * HEAD_DIM; i++) w[p].q[i] = (float)tu_uniform(&rng, -2.0, 2.0);
+    tu_fill_uniform(&rng, rows, (size_t)LEN * HEAD_DIM * 2, -2.0, 2.0);
+    tu_fill_uniform(&rng, w[p].q, Q_HEADS * HEAD_DIM, -2.0, 2.0);
     assert_int_equal(pkv_seq_alloc(w[p].pool, &w[p].seq), PKV_OK);
     assert_int_equal(pkv_append(w[p].pool, &w[p].seq, &len, 1), PKV_OK);
     assert_int_equal(pu_write(w[p].pool, 0, &w[p].seq, &len, 1, PKV_FORMAT_F32, rows, rows + (size_t)LEN * HEAD_DIM),
@@ -91,9 +86,7 @@ static void two_pools_two_threads(void **state) {
 
 static void failed_pool_leaves_context_usable(void **state) {
   (void)state;
-#if defined(__SANITIZE_ADDRESS__)
-  skip(); /* AddressSanitizer's allocator stops the program on a 512 TiB request instead of failing it */
-#endif
+  pu_skip_under_asan("its allocator stops the program on a 512 TiB request instead of failing it");
   pkv_pool_desc huge = pu_desc(65536, 4096, 256, 1024, 1, 1, PKV_FORMAT_F32, PKV_FORMAT_F32); /* 8 GiB x 65536 */
   const pkv_pool_desc small = pu_desc(1, 1, HEAD_DIM, 16, 4, 1, PKV_FORMAT_F16, PKV_FORMAT_F16);
   pkv_context *ctx;
@@ -127,7 +120,7 @@ typedef struct many {
 
 typedef struct many_thread {
   many *m;
-  uint64_t seed;
+  tu_rng rng; /* the thread's own stream of the run's seed */
   int value; /* 1..THREADS: every K element this thread writes; V gets its negative */
 } many_thread;
 
@@ -145,7 +138,7 @@ static int allowed(pkv_status st) {
 static void *many_run(void *arg) {
   many_thread *t = arg;
   many *m = t->m;
-  tu_rng r = tu_rng_make(t->seed);
+  tu_rng r = t->rng;
   float k[16 * MANY_DIM], v[16 * MANY_DIM], q[2 * MANY_DIM], out[2 * MANY_DIM * 2 + 4];
   for (int step = 0; step < STEPS && !__atomic_load_n(&m->bad, __ATOMIC_SEQ_CST); step++) {
     const uint32_t i = tu_below(&r, SHARED_SLOTS);
@@ -200,15 +193,9 @@ static void *many_run(void *arg) {
       break;
     }
     case 4: {
-      pkv_decode_args a = PKV_DECODE_ARGS_INIT;
+      const pkv_decode_args a = pu_decode_args(0, &s, 1, 2, q, out, out + 2 * MANY_DIM);
       for (int e = 0; e < 2 * MANY_DIM; e++) q[e] = 0.5f;
       what = "decode";
-      a.seqs = &s;
-      a.count = 1;
-      a.q_heads = 2;
-      a.q = q;
-      a.out = out;
-      a.lse = out + 2 * MANY_DIM;
       st = pkv_decode(m->pool, &a);
       break;
     }
@@ -242,7 +229,7 @@ static void one_pool_many_threads(void **state) {
   many_thread args[THREADS];
   for (int i = 0; i < THREADS; i++) {
     args[i].m = &m;
-    args[i].seed = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    args[i].rng = tu_rng_stream(seed, (uint64_t)i);
     args[i].value = i + 1;
     assert_int_equal(pthread_create(&threads[i], NULL, many_run, &args[i]), 0);
   }

@@ -3,8 +3,8 @@
  * The test keeps its own copy of what every page must hold: each K/V value written, as the source
  * format stores it, rounded to the page format (tu_round_trip, written independently of the library).
  * The oracle computes softmax(scale q.k) v and lse in double from those values and from q as q_format
- * stores it (tests/oracle.c), so what is left to compare is decode's own arithmetic, against the tolerances
- * oracle_tolerance_for gives (docs/testing.md explains them).
+ * stores it (tests/support/oracle.c), so what is left to compare is decode's own arithmetic, against
+ * the tolerances oracle_tolerance_for gives (docs/testing.md explains them).
  *
  * Three tables drive the tests:
  *   matrix     every K/V format pair once, with head_dim, GQA, page size, source/q/out format and
@@ -26,45 +26,23 @@
 #include <string.h>
 
 #include "oracle.h"
+#include "poolutil.h"
 #include "testutil.h"
-
-#define CHECK_OK(call)                                                                               \
-  do {                                                                                               \
-    pkv_status st_ = (call);                                                                         \
-    if (st_ != PKV_OK) fail_msg("%s -> %s (%s)", #call, pkv_status_string(st_), pkv_last_error()); \
-  } while (0)
 
 /* ---------------------------------------------------------------------------------------------------
  * Tolerances
  * ------------------------------------------------------------------------------------------------- */
 
-/* The error allowed against the oracle: tests/oracle.c (oracle_tolerance_for, oracle_out_rounding). */
+/* The error allowed against the oracle: tests/support/oracle.c (oracle_tolerance_for,
+ * oracle_out_rounding). */
 
 /* ---------------------------------------------------------------------------------------------------
  * Small helpers
  * ------------------------------------------------------------------------------------------------- */
 
+/* The run's seed. Each test case draws from a stream of its own (tu_rng_stream), so replaying a seed
+ * reproduces any one case alone. */
 static uint64_t g_seed;
-
-/* Each test case draws from its own stream, so replaying a seed reproduces any one case alone. */
-static tu_rng case_rng(uint64_t salt) { return tu_rng_make(g_seed ^ (salt + 1) * 0x9E3779B97F4A7C15ull); }
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  if (!p) fail_msg("out of memory (%zu bytes)", bytes);
-  return p;
-}
-
-static void shuffle(tu_rng *r, uint32_t *a, uint32_t n) {
-  for (uint32_t i = n; i > 1; i--) {
-    uint32_t j = tu_below(r, i), t = a[i - 1];
-    a[i - 1] = a[j];
-    a[j] = t;
-  }
-}
-
-static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
-static uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 static const char *fmt_name(pkv_format f) {
   switch (f) {
@@ -124,35 +102,29 @@ static void model_open(model *m, const shape *s, uint32_t layers, uint32_t n, co
   m->qt = 1;
   m->rng = rng;
 
-  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  pkv_status st = pkv_context_create(&cd, &m->ctx);
-  if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
-    print_message("    skipped: %s\n", pkv_last_error());
-    skip();
-  }
-  CHECK_OK(st);
+  CHECK_OK(pu_context(&m->ctx));
   pkv_pool_desc pd = PKV_POOL_DESC_INIT;
   pd.layers = layers;
   pd.kv_heads = s->kv_heads;
   pd.head_dim = s->head_dim;
   pd.page_size = s->page_size;
   for (uint32_t i = 0; i < n; i++) pd.pages += (cap[i] + s->page_size - 1) / s->page_size;
-  pd.pages = max_u32(pd.pages, 1);
+  pd.pages = tu_max_u32(pd.pages, 1);
   pd.k_format = s->k;
   pd.v_format = s->v;
   pd.page_order_seed = 1 + tu_below(&m->rng, 0x7fffffff);
   CHECK_OK(pkv_pool_create(m->ctx, &pd, &m->pool));
 
-  m->seq = xmalloc(n * sizeof *m->seq);
+  m->seq = pu_malloc(n * sizeof *m->seq);
   m->len = calloc(n, sizeof *m->len);
-  m->cap = xmalloc(n * sizeof *m->cap);
+  m->cap = pu_malloc(n * sizeof *m->cap);
   m->k = calloc(n, sizeof *m->k);
   m->v = calloc(n, sizeof *m->v);
   for (uint32_t i = 0; i < n; i++) {
     CHECK_OK(pkv_seq_alloc(m->pool, &m->seq[i]));
     m->cap[i] = cap[i];
-    m->k[i] = xmalloc((size_t)layers * cap[i] * m->row * sizeof(float));
-    m->v[i] = xmalloc((size_t)layers * cap[i] * m->row * sizeof(float));
+    m->k[i] = pu_malloc((size_t)layers * cap[i] * m->row * sizeof(float));
+    m->v[i] = pu_malloc((size_t)layers * cap[i] * m->row * sizeof(float));
   }
 }
 
@@ -188,8 +160,8 @@ static void fill_row(model *m, void *buf, size_t r, pkv_format page, float *kept
 /* Appends n_new[i] tokens to sequence i (those with n_new[i] > 0, in a shuffled batch order) and writes
  * fresh random rows for them in every layer, each layer's batch in its own order. */
 static void model_grow(model *m, const uint32_t *n_new) {
-  uint32_t *idx = xmalloc(m->n * sizeof *idx), *bn = xmalloc(m->n * sizeof *bn), cnt = 0;
-  pkv_seq *bs = xmalloc(m->n * sizeof *bs);
+  uint32_t *idx = pu_malloc(m->n * sizeof *idx), *bn = pu_malloc(m->n * sizeof *bn), cnt = 0;
+  pkv_seq *bs = pu_malloc(m->n * sizeof *bs);
   size_t total = 0;
   for (uint32_t i = 0; i < m->n; i++) {
     if (!n_new[i]) continue;
@@ -198,15 +170,15 @@ static void model_grow(model *m, const uint32_t *n_new) {
     assert_true(m->len[i] + n_new[i] <= m->cap[i]);
   }
   if (cnt) {
-    shuffle(&m->rng, idx, cnt);
+    tu_shuffle(&m->rng, idx, cnt);
     for (uint32_t j = 0; j < cnt; j++) bs[j] = m->seq[idx[j]], bn[j] = n_new[idx[j]];
     CHECK_OK(pkv_append(m->pool, bs, bn, cnt));
     for (uint32_t i = 0; i < m->n; i++) m->len[i] += n_new[i];
 
     size_t bytes = total * m->row * tu_elem_bytes(m->s.src);
-    void *kb = xmalloc(bytes), *vb = xmalloc(bytes);
+    void *kb = pu_malloc(bytes), *vb = pu_malloc(bytes);
     for (uint32_t l = 0; l < m->layers; l++) {
-      shuffle(&m->rng, idx, cnt);
+      tu_shuffle(&m->rng, idx, cnt);
       size_t r = 0;
       for (uint32_t j = 0; j < cnt; j++) {
         uint32_t i = idx[j];
@@ -217,15 +189,7 @@ static void model_grow(model *m, const uint32_t *n_new) {
           fill_row(m, vb, r, m->s.v, m->v[i] + at(m, i, l, pos));
         }
       }
-      pkv_write_args a = PKV_WRITE_ARGS_INIT;
-      a.layer = l;
-      a.seqs = bs;
-      a.n_tokens = bn;
-      a.count = cnt;
-      a.src_format = m->s.src;
-      a.k = kb;
-      a.v = vb;
-      CHECK_OK(pkv_write(m->pool, &a));
+      CHECK_OK(pu_write(m->pool, l, bs, bn, cnt, m->s.src, kb, vb));
     }
     free(kb);
     free(vb);
@@ -238,13 +202,13 @@ static void model_grow(model *m, const uint32_t *n_new) {
 /* Grows every sequence to target[i] in rounds of a random number of tokens each, so the sequences'
  * pages interleave in the pool; long sequences take bigger steps to keep the number of calls low. */
 static void grow_to(model *m, const uint32_t *target) {
-  uint32_t *n_new = xmalloc(m->n * sizeof *n_new);
+  uint32_t *n_new = pu_malloc(m->n * sizeof *n_new);
   for (;;) {
     int any = 0;
     for (uint32_t i = 0; i < m->n; i++) {
       uint32_t rest = target[i] - m->len[i];
-      uint32_t step = max_u32(2 * m->s.page_size, target[i] / 16);
-      n_new[i] = rest ? 1 + tu_below(&m->rng, min_u32(rest, step)) : 0;
+      uint32_t step = tu_max_u32(2 * m->s.page_size, target[i] / 16);
+      n_new[i] = rest ? 1 + tu_below(&m->rng, tu_min_u32(rest, step)) : 0;
       any |= rest != 0;
     }
     if (!any) break;
@@ -279,18 +243,11 @@ static void model_decode(model *m, uint32_t layer, uint32_t chunk_pages, const v
   if (lse)
     for (size_t i = 0; i < q_rows(m); i++) lse[i] = NAN;
 
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.layer = layer;
-  a.seqs = m->seq;
-  a.count = m->n;
-  a.q_heads = m->q_heads;
+  pkv_decode_args a = pu_decode_args(layer, m->seq, m->n, m->q_heads, q, out, lse);
   a.q_tokens = m->qt;
   a.scale = m->s.scale;
   a.q_format = m->s.q;
   a.out_format = m->s.out;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
   a.chunk_pages = chunk_pages;
   CHECK_OK(pkv_decode(m->pool, &a));
 
@@ -313,7 +270,7 @@ static void check_oracle(const model *m, uint32_t layer, const void *q, const vo
   const double out_tol = tol.out_rel + oracle_out_rounding(m->s.out);
   const uint32_t hd = m->s.head_dim;
   const double scale = m->s.scale != 0.0f ? (double)m->s.scale : 1.0 / sqrt((double)hd);
-  double *qd = xmalloc(hd * sizeof *qd), *ref = xmalloc(hd * sizeof *ref), *mag = xmalloc(hd * sizeof *mag);
+  double *qd = pu_malloc(hd * sizeof *qd), *ref = pu_malloc(hd * sizeof *ref), *mag = pu_malloc(hd * sizeof *mag);
 
   for (uint32_t bt = 0; bt < m->n * m->qt; bt++) {
     /* query token tok of sequence b sees positions [0, length - qt + tok] */
@@ -369,7 +326,7 @@ static void ragged_lengths(tu_rng *r, uint32_t page_size, uint32_t *len) {
   const uint32_t l[7] = {0, 1, page_size - 1, page_size, page_size + 1, 2 * page_size + 1 + tu_below(r, page_size),
                          150 + tu_below(r, 250)};
   memcpy(len, l, sizeof l);
-  shuffle(r, len, 7);
+  tu_shuffle(r, len, 7);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -448,13 +405,12 @@ static const shape interleave[] = {
     {Q4_0, F32, 32, 3, 8, 64, F32, F32, BF16, 0.0f},
 };
 
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Ragged batch, three layers with different data, each layer decoded with its own chunking (planner,
  * one page, unsplit), lse left out in layer 0. */
 static void matrix_case(void **state) {
   const shape *s = *state;
-  tu_rng r = case_rng((uint64_t)(s - matrix));
+  tu_rng r = tu_rng_stream(g_seed, (uint64_t)(s - matrix));
   uint32_t len[7];
   ragged_lengths(&r, s->page_size, len);
   model m;
@@ -462,8 +418,8 @@ static void matrix_case(void **state) {
   grow_to(&m, len);
   check_lengths(&m);
 
-  void *q = xmalloc(q_values(&m) * 4), *out = xmalloc(q_values(&m) * 4);
-  float *lse = xmalloc((size_t)m.n * m.q_heads * sizeof *lse);
+  void *q = pu_malloc(q_values(&m) * 4), *out = pu_malloc(q_values(&m) * 4);
+  float *lse = pu_malloc((size_t)m.n * m.q_heads * sizeof *lse);
   const uint32_t layer_chunks[3] = {0, 1, UINT32_MAX};
   worst w = {0, 0};
   for (uint32_t l = 0; l < m.layers; l++) {
@@ -503,11 +459,11 @@ static void check_agree(const model *m, uint32_t chunk, const void *ref, const f
  * unsplit one too, and each twice: the same inputs must give the same bits. */
 static void check_chunkings(model *m, const char *what) {
   const size_t n_out = q_values(m) * 4, n_lse = q_rows(m) * sizeof(float);
-  void *q = xmalloc(n_out), *ref = xmalloc(n_out), *out = xmalloc(n_out), *again = xmalloc(n_out);
-  float *ref_lse = xmalloc(n_lse), *lse = xmalloc(n_lse), *again_lse = xmalloc(n_lse);
+  void *q = pu_malloc(n_out), *ref = pu_malloc(n_out), *out = pu_malloc(n_out), *again = pu_malloc(n_out);
+  float *ref_lse = pu_malloc(n_lse), *lse = pu_malloc(n_lse), *again_lse = pu_malloc(n_lse);
   worst w = {0, 0};
   random_q(m, q);
-  for (size_t c = 0; c < COUNT(chunks); c++) {
+  for (size_t c = 0; c < TU_COUNT(chunks); c++) {
     void *got = c ? out : ref;
     float *got_lse = c ? lse : ref_lse;
     model_decode(m, 1, chunks[c], q, got, got_lse);
@@ -529,9 +485,9 @@ static void check_chunkings(model *m, const char *what) {
 
 static void split_case(void **state) {
   const shape *s = *state;
-  tu_rng r = case_rng(1000 + (uint64_t)(s - split));
+  tu_rng r = tu_rng_stream(g_seed, 1000 + (uint64_t)(s - split));
   uint32_t len[5] = {3000 + tu_below(&r, 2000), 0, 1, s->page_size + 1, 40 + tu_below(&r, 100)};
-  shuffle(&r, len, 5);
+  tu_shuffle(&r, len, 5);
   model m;
   model_open(&m, s, 2, 5, len, r);
   grow_to(&m, len);
@@ -542,10 +498,10 @@ static void split_case(void **state) {
 
 static void spec_case(void **state) {
   const shape *s = *state;
-  const uint32_t row = (uint32_t)(s - spec), qt = spec_tokens[row % COUNT(spec_tokens)];
-  tu_rng r = case_rng(3000 + row);
+  const uint32_t row = (uint32_t)(s - spec), qt = spec_tokens[row % TU_COUNT(spec_tokens)];
+  tu_rng r = tu_rng_stream(g_seed, 3000 + row);
   uint32_t len[5] = {0, qt, qt + s->page_size + 1, 200 + tu_below(&r, 200), 2000 + tu_below(&r, 1000)};
-  shuffle(&r, len, 5);
+  tu_shuffle(&r, len, 5);
   model m;
   model_open(&m, s, 2, 5, len, r);
   m.qt = qt;
@@ -563,23 +519,23 @@ static void spec_case(void **state) {
 static void interleave_case(void **state) {
   const shape *s = *state;
   enum { STEPS = 40, N = 6 };
-  tu_rng r = case_rng(2000 + (uint64_t)(s - interleave));
+  tu_rng r = tu_rng_stream(g_seed, 2000 + (uint64_t)(s - interleave));
   uint32_t prompt[N] = {0, 1, s->page_size - 1, s->page_size, s->page_size + 1, 20 + tu_below(&r, 60)};
   uint32_t cap[N], n_new[N];
-  shuffle(&r, prompt, N);
+  tu_shuffle(&r, prompt, N);
   for (uint32_t i = 0; i < N; i++) cap[i] = prompt[i] + STEPS;
   model m;
   model_open(&m, s, 2, N, cap, r);
   grow_to(&m, prompt);
 
-  void *q = xmalloc(q_values(&m) * 4), *out = xmalloc(q_values(&m) * 4);
-  float *lse = xmalloc((size_t)N * m.q_heads * sizeof *lse);
+  void *q = pu_malloc(q_values(&m) * 4), *out = pu_malloc(q_values(&m) * 4);
+  float *lse = pu_malloc((size_t)N * m.q_heads * sizeof *lse);
   worst w = {0, 0};
   for (uint32_t step = 0; step < STEPS; step++) {
     if (step % 8 == 7) {
       uint32_t i = tu_below(&m.rng, N);
       if (m.len[i]) {
-        m.len[i] -= 1 + tu_below(&m.rng, min_u32(m.len[i], 4));
+        m.len[i] -= 1 + tu_below(&m.rng, tu_min_u32(m.len[i], 4));
         CHECK_OK(pkv_seq_truncate(m.pool, m.seq[i], m.len[i]));
       }
     }
@@ -604,7 +560,7 @@ static void add_tests(struct CMUnitTest *t, size_t *n, const char *kind, const s
                       CMUnitTestFunction fn) {
   for (size_t i = 0; i < count; i++) {
     const shape *s = &rows[i];
-    char *name = xmalloc(128);
+    char *name = pu_malloc(128);
     snprintf(name, 128, "%s k=%s v=%s hd=%u kvh=%u qh=%u page=%u src=%s q=%s out=%s scale=%g", kind,
              fmt_name(s->k), fmt_name(s->v), s->head_dim, s->kv_heads, s->kv_heads * s->group,
              s->page_size, fmt_name(s->src), fmt_name(s->q), fmt_name(s->out), (double)s->scale);
@@ -618,12 +574,12 @@ static void add_tests(struct CMUnitTest *t, size_t *n, const char *kind, const s
 
 int main(void) {
   g_seed = tu_seed();
-  struct CMUnitTest tests[COUNT(matrix) + COUNT(split) + COUNT(spec) + COUNT(interleave)];
+  struct CMUnitTest tests[TU_COUNT(matrix) + TU_COUNT(split) + TU_COUNT(spec) + TU_COUNT(interleave)];
   size_t n = 0;
-  add_tests(tests, &n, "matrix", matrix, COUNT(matrix), matrix_case);
-  add_tests(tests, &n, "split", split, COUNT(split), split_case);
-  add_tests(tests, &n, "spec", spec, COUNT(spec), spec_case);
-  add_tests(tests, &n, "interleave", interleave, COUNT(interleave), interleave_case);
+  add_tests(tests, &n, "matrix", matrix, TU_COUNT(matrix), matrix_case);
+  add_tests(tests, &n, "split", split, TU_COUNT(split), split_case);
+  add_tests(tests, &n, "spec", spec, TU_COUNT(spec), spec_case);
+  add_tests(tests, &n, "interleave", interleave, TU_COUNT(interleave), interleave_case);
   /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
   const char *filter = getenv("PKV_TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);

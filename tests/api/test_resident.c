@@ -34,13 +34,7 @@ static float *row_at(float *base, uint32_t layer, uint32_t pos) {
   return base + ((size_t)layer * MAX_LEN + pos) * ROW;
 }
 
-static void check(pkv_status st) {
-  if (st != PKV_OK) fail_msg("%s", pkv_last_error());
-}
-
-static void random_rows(float *dst, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] = (float)tu_uniform(&rng, -2.0, 2.0);
-}
+static void random_rows(float *dst, size_t n) { tu_fill_uniform(&rng, dst, n, -2.0, 2.0); }
 
 static int pick_live(void) {
   int n = 0, idx[MAX_LIVE];
@@ -75,7 +69,7 @@ static void churn(pkv_pool *pool) {
   if (tu_below(&rng, 4) == 0) { /* a sequence finishes */
     const int i = pick_live();
     if (i >= 0) {
-      check(pkv_seq_free(pool, live[i].seq));
+      CHECK_OK(pkv_seq_free(pool, live[i].seq));
       close_history(i);
     }
   }
@@ -83,7 +77,7 @@ static void churn(pkv_pool *pool) {
     const int parent = pick_live(), child = free_slot();
     if (parent >= 0 && child >= 0) {
       open_history(child);
-      check(pkv_seq_fork(pool, live[parent].seq, &live[child].seq));
+      CHECK_OK(pkv_seq_fork(pool, live[parent].seq, &live[child].seq));
       live[child].length = live[parent].length;
       memcpy(live[child].k, live[parent].k, sizeof(float) * LAYERS * MAX_LEN * ROW);
       memcpy(live[child].v, live[parent].v, sizeof(float) * LAYERS * MAX_LEN * ROW);
@@ -93,14 +87,14 @@ static void churn(pkv_pool *pool) {
     const int i = pick_live();
     if (i >= 0 && live[i].length > 0) {
       live[i].length -= tu_below(&rng, live[i].length < 6 ? live[i].length + 1 : 6);
-      check(pkv_seq_truncate(pool, live[i].seq, live[i].length));
+      CHECK_OK(pkv_seq_truncate(pool, live[i].seq, live[i].length));
     }
   }
   for (int n = 0; n < 2; n++) { /* new requests take the free slots (and the pages just freed) */
     const int i = free_slot();
     if (i < 0 || tu_below(&rng, 2)) continue;
     open_history(i);
-    check(pkv_seq_alloc(pool, &live[i].seq));
+    CHECK_OK(pkv_seq_alloc(pool, &live[i].seq));
   }
 }
 
@@ -115,7 +109,7 @@ static uint32_t grow(pkv_pool *pool, int *idx, pkv_seq *seqs, uint32_t *n_new) {
     seqs[count] = live[i].seq;
     n_new[count++] = n;
   }
-  check(pkv_append(pool, seqs, n_new, count));
+  CHECK_OK(pkv_append(pool, seqs, n_new, count));
   return count;
 }
 
@@ -132,7 +126,7 @@ static void write_new_rows(pkv_pool *pool, const int *idx, const pkv_seq *seqs, 
         memcpy(v + rows * ROW, row_at(h->v, layer, h->length + t), sizeof(float) * ROW);
       }
     }
-    check(pu_write(pool, layer, seqs, n_new, count, PKV_FORMAT_F32, k, v));
+    CHECK_OK(pu_write(pool, layer, seqs, n_new, count, PKV_FORMAT_F32, k, v));
   }
   for (uint32_t b = 0; b < count; b++) live[idx[b]].length += n_new[b];
 }
@@ -140,14 +134,14 @@ static void write_new_rows(pkv_pool *pool, const int *idx, const pkv_seq *seqs, 
 /* The reference: a pool emptied and refilled with every sequence's whole history. */
 static void rebuild(pkv_pool *ref, pkv_seq *ref_seqs, uint32_t *ref_count, const int *idx, uint32_t count, float *k,
                     float *v) {
-  for (uint32_t b = 0; b < *ref_count; b++) check(pkv_seq_free(ref, ref_seqs[b]));
+  for (uint32_t b = 0; b < *ref_count; b++) CHECK_OK(pkv_seq_free(ref, ref_seqs[b]));
   uint32_t len[MAX_LIVE];
   for (uint32_t b = 0; b < count; b++) {
-    check(pkv_seq_alloc(ref, &ref_seqs[b]));
+    CHECK_OK(pkv_seq_alloc(ref, &ref_seqs[b]));
     len[b] = live[idx[b]].length;
   }
   *ref_count = count;
-  check(pkv_append(ref, ref_seqs, len, count));
+  CHECK_OK(pkv_append(ref, ref_seqs, len, count));
   for (uint32_t layer = 0; layer < LAYERS; layer++) {
     size_t rows = 0;
     for (uint32_t b = 0; b < count; b++) {
@@ -155,7 +149,7 @@ static void rebuild(pkv_pool *ref, pkv_seq *ref_seqs, uint32_t *ref_count, const
       memcpy(v + rows * ROW, row_at(live[idx[b]].v, layer, 0), sizeof(float) * len[b] * ROW);
       rows += len[b];
     }
-    check(pu_write(ref, layer, ref_seqs, len, count, PKV_FORMAT_F32, k, v));
+    CHECK_OK(pu_write(ref, layer, ref_seqs, len, count, PKV_FORMAT_F32, k, v));
   }
 }
 
@@ -163,15 +157,8 @@ static void decode(pkv_pool *pool, uint32_t layer, const pkv_seq *seqs, uint32_t
                    float *lse) {
   for (size_t i = 0; i < (size_t)count * Q_HEADS * HEAD_DIM; i++) out[i] = NAN;
   for (size_t i = 0; i < (size_t)count * Q_HEADS; i++) lse[i] = NAN;
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.layer = layer;
-  a.seqs = seqs;
-  a.count = count;
-  a.q_heads = Q_HEADS;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
-  check(pkv_decode(pool, &a));
+  const pkv_decode_args a = pu_decode_args(layer, seqs, count, Q_HEADS, q, out, lse);
+  CHECK_OK(pkv_decode(pool, &a));
 }
 
 static void run(pkv_format k_format, pkv_format v_format) {
@@ -183,7 +170,7 @@ static void run(pkv_format k_format, pkv_format v_format) {
   pkv_pool *pool, *ref;
   pu_open(&d, &ctx, &pool);
   d.page_order_seed = 0;
-  check(pkv_pool_create(ctx, &d, &ref));
+  CHECK_OK(pkv_pool_create(ctx, &d, &ref));
 
   const size_t max_rows = (size_t)MAX_LIVE * MAX_LEN;
   float *k = malloc(sizeof(float) * max_rows * ROW), *v = malloc(sizeof(float) * max_rows * ROW);
@@ -226,7 +213,7 @@ static void run(pkv_format k_format, pkv_format v_format) {
   free(q);
   free(out);
   free(ref_out);
-  check(pkv_pool_destroy(ref));
+  CHECK_OK(pkv_pool_destroy(ref));
   pu_close(ctx, pool);
 }
 

@@ -34,6 +34,22 @@ double tu_uniform(tu_rng *r, double lo, double hi) {
   return lo + (hi - lo) * ((double)(tu_next(r) >> 11) / 9007199254740992.0);
 }
 
+tu_rng tu_rng_stream(uint64_t seed, uint64_t index) {
+  return tu_rng_make(seed ^ (index + 1) * 0x9E3779B97F4A7C15ull);
+}
+
+void tu_fill_uniform(tu_rng *r, float *x, size_t n, double lo, double hi) {
+  for (size_t i = 0; i < n; i++) x[i] = (float)tu_uniform(r, lo, hi);
+}
+
+void tu_shuffle(tu_rng *r, uint32_t *a, uint32_t n) {
+  for (uint32_t i = n; i > 1; i--) {
+    uint32_t j = tu_below(r, i), t = a[i - 1];
+    a[i - 1] = a[j];
+    a[j] = t;
+  }
+}
+
 static uint32_t bits_of(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
@@ -200,6 +216,8 @@ float tu_load(pkv_format format, const void *buf, size_t i) {
   default: abort();
   }
 }
+
+int tu_backend_missing(pkv_status st) { return st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE; }
 
 void tu_set_env(const char *name, const char *value) {
 #ifdef _WIN32

@@ -12,30 +12,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oracle.h"
 #include "poolutil.h"
 #include "testutil.h"
 
 static tu_rng rng;
 
-static void check(pkv_status st) {
-  if (st != PKV_OK) fail_msg("%s", pkv_last_error());
-}
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes);
-  assert_non_null(p);
-  return p;
-}
-
-static void random_values(float *dst, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] = (float)tu_uniform(&rng, -3.0, 3.0);
-}
+static void random_values(float *dst, size_t n) { tu_fill_uniform(&rng, dst, n, -3.0, 3.0); }
 
 /* A pool on the backend PKV_BACKEND selects; skips the test when that is the CPU. */
 static void open_gpu(const pkv_pool_desc *d, pkv_context **ctx, pkv_pool **pool) {
   pu_open(d, ctx, pool);
   pkv_backend b;
-  check(pkv_context_backend(*ctx, &b));
+  CHECK_OK(pkv_context_backend(*ctx, &b));
   if (b == PKV_BACKEND_CPU) {
     pu_close(*ctx, *pool);
     skip();
@@ -56,29 +45,29 @@ static void pages_identical_to_cpu(void **state) {
     open_gpu(&d, &gctx, &gpool);
     pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
     cd.backend = PKV_BACKEND_CPU;
-    check(pkv_context_create(&cd, &cctx));
-    check(pkv_pool_create(cctx, &d, &cpool));
+    CHECK_OK(pkv_context_create(&cd, &cctx));
+    CHECK_OK(pkv_pool_create(cctx, &d, &cpool));
 
-    float *k = xmalloc(sizeof(float) * ROWS * HEADS * D), *v = xmalloc(sizeof(float) * ROWS * HEADS * D);
-    float *gk = xmalloc(sizeof(float) * ROWS * HEADS * D), *gv = xmalloc(sizeof(float) * ROWS * HEADS * D);
-    float *ck = xmalloc(sizeof(float) * ROWS * HEADS * D), *cv = xmalloc(sizeof(float) * ROWS * HEADS * D);
+    float *k = pu_malloc(sizeof(float) * ROWS * HEADS * D), *v = pu_malloc(sizeof(float) * ROWS * HEADS * D);
+    float *gk = pu_malloc(sizeof(float) * ROWS * HEADS * D), *gv = pu_malloc(sizeof(float) * ROWS * HEADS * D);
+    float *ck = pu_malloc(sizeof(float) * ROWS * HEADS * D), *cv = pu_malloc(sizeof(float) * ROWS * HEADS * D);
     random_values(k, (size_t)ROWS * HEADS * D);
     random_values(v, (size_t)ROWS * HEADS * D);
     k[5] = 0.0f; /* a group with a zero, and a whole zero group: d = 0 is an edge of the arithmetic */
     memset(v + D, 0, sizeof(float) * 32);
     pkv_seq gs, cs;
     const uint32_t n = ROWS;
-    check(pkv_seq_alloc(gpool, &gs));
-    check(pkv_seq_alloc(cpool, &cs));
-    check(pkv_append(gpool, &gs, &n, 1));
-    check(pkv_append(cpool, &cs, &n, 1));
+    CHECK_OK(pkv_seq_alloc(gpool, &gs));
+    CHECK_OK(pkv_seq_alloc(cpool, &cs));
+    CHECK_OK(pkv_append(gpool, &gs, &n, 1));
+    CHECK_OK(pkv_append(cpool, &cs, &n, 1));
     for (uint32_t layer = 0; layer < 2; layer++) {
-      check(pu_write(gpool, layer, &gs, &n, 1, PKV_FORMAT_F32, k, v));
-      check(pu_write(cpool, layer, &cs, &n, 1, PKV_FORMAT_F32, k, v));
+      CHECK_OK(pu_write(gpool, layer, &gs, &n, 1, PKV_FORMAT_F32, k, v));
+      CHECK_OK(pu_write(cpool, layer, &cs, &n, 1, PKV_FORMAT_F32, k, v));
       memset(gk, 0xff, sizeof(float) * ROWS * HEADS * D);
       memset(gv, 0xff, sizeof(float) * ROWS * HEADS * D);
-      check(pu_read(gpool, layer, gs, 0, ROWS, PKV_FORMAT_F32, gk, gv));
-      check(pu_read(cpool, layer, cs, 0, ROWS, PKV_FORMAT_F32, ck, cv));
+      CHECK_OK(pu_read(gpool, layer, gs, 0, ROWS, PKV_FORMAT_F32, gk, gv));
+      CHECK_OK(pu_read(cpool, layer, cs, 0, ROWS, PKV_FORMAT_F32, ck, cv));
       for (size_t i = 0; i < (size_t)ROWS * HEADS * D; i++)
         if (memcmp(&gk[i], &ck[i], 4) != 0 || memcmp(&gv[i], &cv[i], 4) != 0)
           fail_msg("K %s / V %s, layer %u, value %zu: GPU K %a V %a, CPU K %a V %a", pkv_format_name(d.k_format),
@@ -90,39 +79,17 @@ static void pages_identical_to_cpu(void **state) {
     free(gv);
     free(ck);
     free(cv);
-    check(pkv_pool_destroy(cpool));
-    check(pkv_context_destroy(cctx));
+    CHECK_OK(pkv_pool_destroy(cpool));
+    CHECK_OK(pkv_context_destroy(cctx));
     pu_close(gctx, gpool);
   }
-}
-
-/* Attention of one query head in float64 over F16-stored K/V rows [len][kv_heads][D]. */
-static double oracle(const float *q, const float *k, const float *v, uint32_t len, uint32_t kv_heads, uint32_t kh,
-                     uint32_t D, double scale, double *out) {
-  double top = -INFINITY, sum = 0.0;
-  double *s = xmalloc(sizeof(double) * (len ? len : 1));
-  for (uint32_t t = 0; t < len; t++) {
-    double dot = 0.0;
-    for (uint32_t d = 0; d < D; d++) dot += (double)q[d] * k[((size_t)t * kv_heads + kh) * D + d];
-    s[t] = scale * dot;
-    if (s[t] > top) top = s[t];
-  }
-  for (uint32_t d = 0; d < D; d++) out[d] = 0.0;
-  for (uint32_t t = 0; t < len; t++) {
-    const double w = exp(s[t] - top);
-    sum += w;
-    for (uint32_t d = 0; d < D; d++) out[d] += w * v[((size_t)t * kv_heads + kh) * D + d];
-  }
-  free(s);
-  for (uint32_t d = 0; d < D; d++) out[d] = len ? out[d] / sum : 0.0;
-  return len ? top + log(sum) : -INFINITY;
 }
 
 /* count sequences of the given lengths, GQA q_heads / kv_heads, head_dim D, K and V pages of formats kf
  * and vf, F32 q and out. Quantized K is dotted with q rounded to int8 parts: test_decode's tolerance. */
 static void decode_against_oracle(const uint32_t *len, uint32_t count, uint32_t q_heads, uint32_t kv_heads,
                                   uint32_t D, uint32_t pages, pkv_format kf, pkv_format vf) {
-  const double tol = kf == PKV_FORMAT_Q8_0 || kf == PKV_FORMAT_Q4_0 ? 1e-2 : 1e-4;
+  const double tol = oracle_tolerance_for(kf).out_rel;
   pkv_pool_desc d = pu_desc(1, kv_heads, D, 16, pages, count, kf, vf);
   d.page_order_seed = (uint32_t)tu_next(&rng) | 1u;
   pkv_context *ctx;
@@ -132,38 +99,33 @@ static void decode_against_oracle(const uint32_t *len, uint32_t count, uint32_t 
   size_t total = 0;
   for (uint32_t b = 0; b < count; b++) total += len[b];
   const size_t row = (size_t)kv_heads * D;
-  float *k = xmalloc(sizeof(float) * total * row), *v = xmalloc(sizeof(float) * total * row);
+  float *k = pu_malloc(sizeof(float) * total * row), *v = pu_malloc(sizeof(float) * total * row);
   random_values(k, total * row);
   random_values(v, total * row);
   tu_round_trip(kf, k, total * row, k); /* the values the pages hold */
   tu_round_trip(vf, v, total * row, v);
-  pkv_seq *seqs = xmalloc(sizeof(pkv_seq) * count);
-  for (uint32_t b = 0; b < count; b++) check(pkv_seq_alloc(pool, &seqs[b]));
-  check(pkv_append(pool, seqs, len, count));
-  check(pu_write(pool, 0, seqs, len, count, PKV_FORMAT_F32, k, v));
+  pkv_seq *seqs = pu_malloc(sizeof(pkv_seq) * count);
+  for (uint32_t b = 0; b < count; b++) CHECK_OK(pkv_seq_alloc(pool, &seqs[b]));
+  CHECK_OK(pkv_append(pool, seqs, len, count));
+  CHECK_OK(pu_write(pool, 0, seqs, len, count, PKV_FORMAT_F32, k, v));
 
   const size_t heads = (size_t)count * q_heads;
-  float *q = xmalloc(sizeof(float) * heads * D), *out = xmalloc(sizeof(float) * heads * D);
-  float *lse = xmalloc(sizeof(float) * heads);
+  float *q = pu_malloc(sizeof(float) * heads * D), *out = pu_malloc(sizeof(float) * heads * D);
+  float *lse = pu_malloc(sizeof(float) * heads);
   random_values(q, heads * D);
   for (size_t i = 0; i < heads * D; i++) out[i] = NAN;
   for (size_t i = 0; i < heads; i++) lse[i] = NAN;
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = seqs;
-  a.count = count;
-  a.q_heads = q_heads;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
-  check(pkv_decode(pool, &a));
+  const pkv_decode_args a = pu_decode_args(0, seqs, count, q_heads, q, out, lse);
+  CHECK_OK(pkv_decode(pool, &a));
 
-  double ref[256], worst = 0.0, worst_lse = 0.0;
+  double qd[256], ref[256], mag[256], worst = 0.0, worst_lse = 0.0;
   size_t first = 0;
   for (uint32_t b = 0; b < count; b++) {
     for (uint32_t h = 0; h < q_heads; h++) {
-      const size_t i = (size_t)b * q_heads + h;
-      const double ref_lse = oracle(q + i * D, k + first * row, v + first * row, len[b], kv_heads,
-                                    h / (q_heads / kv_heads), D, 1.0 / sqrt((double)D), ref);
+      const size_t i = (size_t)b * q_heads + h, kv = first * row + (size_t)(h / (q_heads / kv_heads)) * D;
+      for (uint32_t x = 0; x < D; x++) qd[x] = q[i * D + x];
+      double ref_lse;
+      oracle_attend(qd, k + kv, v + kv, row, len[b], D, 1.0 / sqrt((double)D), ref, mag, &ref_lse);
       double err = 0.0, norm = 0.0;
       for (uint32_t x = 0; x < D; x++) {
         err += (out[i * D + x] - ref[x]) * (out[i * D + x] - ref[x]);
@@ -241,10 +203,10 @@ static void pool_larger_than_device(void **state) {
   pkv_pool_desc fits = table_too_big;
   fits.max_sequences = 4;
   pkv_pool *big;
-  check(pkv_pool_create(ctx, &fits, &big));
-  check(pkv_pool_destroy(big));
+  CHECK_OK(pkv_pool_create(ctx, &fits, &big));
+  CHECK_OK(pkv_pool_destroy(big));
   pkv_seq s;
-  check(pkv_seq_alloc(pool, &s)); /* the first pool is untouched */
+  CHECK_OK(pkv_seq_alloc(pool, &s)); /* the first pool is untouched */
   pu_close(ctx, pool);
 }
 

@@ -20,9 +20,10 @@
 #include <time.h>
 
 #include "oracle.h"
+#include "poolutil.h"
 #include "testutil.h"
 
-enum { MAX_SEQS = 12, SKIP = 77 };
+enum { MAX_SEQS = 12 };
 
 typedef struct side {
   pkv_pool *pool;
@@ -55,27 +56,15 @@ typedef struct scenario {
 static const pkv_format page_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0,
                                           PKV_FORMAT_Q4_0};
 static const pkv_format io_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16};
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static uint64_t g_seed;
 static int g_target_is_cpu;
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-    exit(1);
-  }
-  return p;
-}
-
-static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 /* Log-uniform in [lo, hi]. */
 static double log_uniform(tu_rng *r, double lo, double hi) { return exp(tu_uniform(r, log(lo), log(hi))); }
 /* An integer drawn log-uniformly from [lo, hi]. */
 static uint32_t log_int(tu_rng *r, uint32_t lo, uint32_t hi) {
-  return min_u32(hi, (uint32_t)floor(log_uniform(r, lo, (double)hi + 1.0)));
+  return tu_min_u32(hi, (uint32_t)floor(log_uniform(r, lo, (double)hi + 1.0)));
 }
 
 static void note(scenario *s, const char *fmt, ...) {
@@ -89,7 +78,7 @@ static void note(scenario *s, const char *fmt, ...) {
   }
   if (s->log_len < sizeof s->log - 1) {
     int n = vsnprintf(s->log + s->log_len, sizeof s->log - s->log_len, fmt, ap);
-    if (n > 0) s->log_len = min_u32((uint32_t)(s->log_len + (size_t)n), (uint32_t)sizeof s->log - 1);
+    if (n > 0) s->log_len = tu_min_u32((uint32_t)(s->log_len + (size_t)n), (uint32_t)sizeof s->log - 1);
   }
   va_end(ap);
 }
@@ -152,7 +141,7 @@ static void reserve(scenario *s, seq_copy *c, uint32_t len) {
   uint32_t cap = c->cap ? c->cap : 16;
   while (cap < len) cap *= 2;
   const size_t bytes = (size_t)s->desc.layers * cap * s->row * sizeof(float);
-  float *k = xmalloc(bytes), *v = xmalloc(bytes);
+  float *k = pu_malloc(bytes), *v = pu_malloc(bytes);
   for (uint32_t l = 0; l < s->desc.layers; l++)
     for (uint32_t p = 0; p < c->len; p++) {
       memcpy(k + ((size_t)l * cap + p) * s->row, c->k + copy_at(s, c, l, p), s->row * sizeof(float));
@@ -174,14 +163,6 @@ static int free_slot(const scenario *s) {
   for (int i = 0; i < MAX_SEQS; i++)
     if (!s->seqs[i].live) return i;
   return -1;
-}
-
-static void shuffle(tu_rng *r, uint32_t *a, uint32_t n) {
-  for (uint32_t i = n; i > 1; i--) {
-    uint32_t j = tu_below(r, i), t = a[i - 1];
-    a[i - 1] = a[j];
-    a[j] = t;
-  }
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -221,7 +202,7 @@ static void op_fork(scenario *s, uint32_t parent) {
 }
 
 static void op_truncate(scenario *s, uint32_t i) {
-  const uint32_t to = tu_below(&s->rng, 4) ? s->seqs[i].len - min_u32(s->seqs[i].len, 1 + tu_below(&s->rng, 9))
+  const uint32_t to = tu_below(&s->rng, 4) ? s->seqs[i].len - tu_min_u32(s->seqs[i].len, 1 + tu_below(&s->rng, 9))
                                            : tu_below(&s->rng, s->seqs[i].len + 1);
   note(s, "    truncate #%u %u -> %u\n", i, s->seqs[i].len, to);
   if (both(s, "pkv_seq_truncate", pkv_seq_truncate(s->ref.pool, s->ref.seq[i], to),
@@ -249,11 +230,11 @@ static void op_append(scenario *s, const uint32_t *idx, const uint32_t *n, uint3
     s->seqs[idx[j]].len += n[j];
   }
   const size_t values = total * s->row;
-  void *kb = xmalloc(values * 4), *vb = xmalloc(values * 4);
+  void *kb = pu_malloc(values * 4), *vb = pu_malloc(values * 4);
   for (uint32_t l = 0; l < s->desc.layers; l++) {
-    const pkv_format src = io_formats[tu_below(&s->rng, COUNT(io_formats))];
+    const pkv_format src = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
     for (uint32_t j = 0; j < count; j++) order[j] = j;
-    shuffle(&s->rng, order, count);
+    tu_shuffle(&s->rng, order, count);
     size_t r = 0;
     for (uint32_t j = 0; j < count; j++) {
       seq_copy *c = &s->seqs[idx[order[j]]];
@@ -272,17 +253,8 @@ static void op_append(scenario *s, const uint32_t *idx, const uint32_t *n, uint3
         tu_round_trip(s->desc.v_format, kept_v, s->row, kept_v);
       }
     }
-    pkv_write_args a = PKV_WRITE_ARGS_INIT;
-    a.layer = l;
-    a.n_tokens = bn;
-    a.count = count;
-    a.src_format = src;
-    a.k = kb;
-    a.v = vb;
-    pkv_write_args b = a;
-    a.seqs = rs;
-    b.seqs = ts;
-    both(s, "pkv_write", pkv_write(s->ref.pool, &a), pkv_write(s->tgt.pool, &b));
+    both(s, "pkv_write", pu_write(s->ref.pool, l, rs, bn, count, src, kb, vb),
+         pu_write(s->tgt.pool, l, ts, bn, count, src, kb, vb));
   }
   free(kb);
   free(vb);
@@ -311,18 +283,10 @@ static void f16_weight_slack(const scenario *s, const double *q, const float *k,
   const uint32_t D = s->desc.head_dim;
   const pkv_format vf = s->desc.v_format;
   const double levels = vf == PKV_FORMAT_Q8_0 ? 127.0 : vf == PKV_FORMAT_Q4_0 ? 8.0 : 0.0;
-  double *logit = xmalloc((n ? n : 1) * sizeof *logit), top = -INFINITY, z = 0.0;
   for (uint32_t d = 0; d < D; d++) slack[d] = 0.0;
-  if (vf != PKV_FORMAT_F16 && !levels) {
-    free(logit);
-    return;
-  }
-  for (uint32_t t = 0; t < n; t++) {
-    double dot = 0.0;
-    for (uint32_t d = 0; d < D; d++) dot += q[d] * k[(size_t)t * s->row + d];
-    logit[t] = scale * dot;
-    top = fmax(top, logit[t]);
-  }
+  if (vf != PKV_FORMAT_F16 && !levels) return;
+  double *logit = pu_malloc((n ? n : 1) * sizeof *logit), z = 0.0;
+  const double top = oracle_logits(q, k, s->row, n, D, scale, logit);
   for (uint32_t t = 0; t < n; t++) {
     const float *row = v + (size_t)t * s->row;
     z += exp(logit[t] - top);
@@ -347,8 +311,8 @@ static void check_side(scenario *s, const decode_call *c, const char *who, int g
   const uint32_t D = s->desc.head_dim, T = c->q_tokens;
   const oracle_tolerance tol = oracle_tolerance_for(s->desc.k_format);
   const double scale = s->scale != 0.0f ? (double)s->scale : 1.0 / sqrt((double)D);
-  double *qd = xmalloc(D * sizeof *qd), *ref = xmalloc(D * sizeof *ref), *mag = xmalloc(D * sizeof *mag),
-         *slack = xmalloc(D * sizeof *slack);
+  double *qd = pu_malloc(D * sizeof *qd), *ref = pu_malloc(D * sizeof *ref), *mag = pu_malloc(D * sizeof *mag),
+         *slack = pu_malloc(D * sizeof *slack);
   for (uint32_t b = 0; b < c->count && !s->failed; b++) {
     const seq_copy *sc = &s->seqs[c->idx[b]];
     for (uint32_t t = 0; t < T && !s->failed; t++)
@@ -395,18 +359,11 @@ static pkv_status run_decode(const scenario *s, const side *d, const decode_call
   pkv_seq seqs[MAX_SEQS];
   for (uint32_t b = 0; b < c->count; b++) seqs[b] = d->seq[c->idx[b]];
   for (size_t i = 0; i < rows; i++) lse[i] = NAN;
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.layer = c->layer;
-  a.seqs = seqs;
-  a.count = c->count;
-  a.q_heads = c->q_heads;
+  pkv_decode_args a = pu_decode_args(c->layer, seqs, c->count, c->q_heads, q, out, c->with_lse ? lse : NULL);
   a.q_tokens = c->q_tokens;
   a.scale = s->scale;
   a.q_format = c->q_format;
   a.out_format = c->out_format;
-  a.q = q;
-  a.out = out;
-  a.lse = c->with_lse ? lse : NULL;
   a.chunk_pages = c->chunk_pages;
   return pkv_decode(d->pool, &a);
 }
@@ -420,19 +377,19 @@ static void op_decode(scenario *s, double *worst) {
   if (!n_live) return;
   decode_call c;
   memset(&c, 0, sizeof c);
-  shuffle(&s->rng, live, n_live);
+  tu_shuffle(&s->rng, live, n_live);
   c.count = 1 + tu_below(&s->rng, n_live);
   memcpy(c.idx, live, c.count * sizeof *live);
   uint32_t shortest = 8;
   for (uint32_t b = 0; b < c.count; b++)
-    if (s->seqs[c.idx[b]].len) shortest = min_u32(shortest, s->seqs[c.idx[b]].len);
+    if (s->seqs[c.idx[b]].len) shortest = tu_min_u32(shortest, s->seqs[c.idx[b]].len);
   c.q_tokens = 1 + tu_below(&s->rng, shortest);
   c.layer = tu_below(&s->rng, s->desc.layers);
   c.q_heads = s->desc.kv_heads * s->group;
   static const uint32_t chunkings[] = {0, 0, 0, 1, 2, 3, 33, UINT32_MAX};
-  c.chunk_pages = chunkings[tu_below(&s->rng, COUNT(chunkings))];
-  c.q_format = io_formats[tu_below(&s->rng, COUNT(io_formats))];
-  c.out_format = io_formats[tu_below(&s->rng, COUNT(io_formats))];
+  c.chunk_pages = chunkings[tu_below(&s->rng, TU_COUNT(chunkings))];
+  c.q_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
+  c.out_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
   c.with_lse = tu_below(&s->rng, 4) != 0;
   decode(s, &c, worst);
 }
@@ -446,8 +403,8 @@ static void decode(scenario *s, const decode_call *call, double *worst) {
   note(s, "\n");
 
   const size_t rows = (size_t)c.count * c.q_tokens * c.q_heads, values = rows * s->desc.head_dim;
-  void *q = xmalloc(values * 4), *out_ref = xmalloc(values * 4), *out_tgt = xmalloc(values * 4);
-  float *lse_ref = xmalloc(rows * sizeof(float)), *lse_tgt = xmalloc(rows * sizeof(float));
+  void *q = pu_malloc(values * 4), *out_ref = pu_malloc(values * 4), *out_tgt = pu_malloc(values * 4);
+  float *lse_ref = pu_malloc(rows * sizeof(float)), *lse_tgt = pu_malloc(rows * sizeof(float));
   for (size_t i = 0; i < values; i++) {
     tu_store(c.q_format, q, i, draw(s, s->mq));
     tu_store(c.out_format, out_ref, i, NAN);
@@ -482,11 +439,11 @@ static void draw_scenario(scenario *s) {
   pkv_pool_desc *d = &s->desc;
   *d = (pkv_pool_desc)PKV_POOL_DESC_INIT;
   d->layers = 1 + tu_below(r, 3);
-  d->head_dim = head_dims[tu_below(r, COUNT(head_dims))];
+  d->head_dim = head_dims[tu_below(r, TU_COUNT(head_dims))];
   d->kv_heads = 1 + tu_below(r, d->head_dim == 256 ? 4 : 8);
-  d->page_size = page_sizes[tu_below(r, COUNT(page_sizes))];
-  d->k_format = page_formats[tu_below(r, COUNT(page_formats))];
-  d->v_format = page_formats[tu_below(r, COUNT(page_formats))];
+  d->page_size = page_sizes[tu_below(r, TU_COUNT(page_sizes))];
+  d->k_format = page_formats[tu_below(r, TU_COUNT(page_formats))];
+  d->v_format = page_formats[tu_below(r, TU_COUNT(page_formats))];
   d->max_sequences = tu_below(r, 2) ? MAX_SEQS : 256; /* the plan buffer's layout follows it */
   d->page_order_seed = 1 + tu_below(r, 1000000);
   s->group = 1 + tu_below(r, 8);
@@ -531,7 +488,7 @@ static void run_scenario(scenario *s, double *worst) {
     const uint32_t what = k == 0 ? 0 : tu_below(&s->rng, 16);
     if (what < 5 && n_live) { /* ragged append to a random part of the batch */
       uint32_t idx[MAX_SEQS], n[MAX_SEQS], count = 0;
-      shuffle(&s->rng, live, n_live);
+      tu_shuffle(&s->rng, live, n_live);
       for (uint32_t j = 0; j < n_live; j++)
         if (j == 0 || tu_below(&s->rng, 2)) idx[count] = live[j], n[count++] = log_int(&s->rng, 1, s->max_step);
       op_append(s, idx, n, count);
@@ -639,9 +596,9 @@ int main(void) {
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
   cd.threads = 3;
   pkv_status st = pkv_context_create(&cd, &g_tgt_ctx);
-  if (st == PKV_ERR_NO_DEVICE || st == PKV_ERR_UNSUPPORTED) {
+  if (tu_backend_missing(st)) {
     printf("SKIP: no backend under test: %s\n", pkv_last_error());
-    return SKIP;
+    return TU_EXIT_SKIP;
   }
   cd.backend = PKV_BACKEND_CPU;
   cd.threads = 1;
@@ -655,7 +612,7 @@ int main(void) {
   printf("# the CPU backend (1 thread) against the %s backend%s\n", pkv_backend_name(backend),
          g_target_is_cpu ? " (3 threads)" : "");
 
-  /* Scenario k < COUNT(fixed) is fixed scenario k; the others are drawn. */
+  /* Scenario k < TU_COUNT(fixed) is fixed scenario k; the others are drawn. */
   const char *only = getenv("PKV_DIFF_SCENARIO");
   const uint64_t first = only && *only ? strtoull(only, NULL, 0) : 0;
   const uint64_t count = only && *only ? 1 : env_u64("PKV_DIFF_SCENARIOS", 150);
@@ -667,9 +624,9 @@ int main(void) {
     scenario *s = calloc(1, sizeof *s);
     if (!s) return 1;
     s->index = i;
-    s->rng = tu_rng_make(g_seed ^ (i + 1) * 0x9E3779B97F4A7C15ull);
+    s->rng = tu_rng_stream(g_seed, i);
     s->verbose = only && *only;
-    if (i < COUNT(fixed)) run_fixed(s, &fixed[i], &worst);
+    if (i < TU_COUNT(fixed)) run_fixed(s, &fixed[i], &worst);
     else run_scenario(s, &worst);
     ran++;
     failed += s->failed != 0;

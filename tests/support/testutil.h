@@ -1,5 +1,6 @@
 /* Helpers shared by the tests: a seeded random source and reference encodings written here,
- * independently of the library, so the library's formats can be checked against them. */
+ * independently of the library, so the library's formats can be checked against them. Nothing here
+ * needs cmocka (poolutil.h has the helpers that do). */
 #ifndef PKV_TESTUTIL_H
 #define PKV_TESTUTIL_H
 
@@ -18,6 +19,20 @@ tu_rng tu_rng_make(uint64_t seed);
 uint64_t tu_next(tu_rng *r);
 uint32_t tu_below(tu_rng *r, uint32_t n); /* uniform in [0, n) */
 double tu_uniform(tu_rng *r, double lo, double hi);
+
+/* Stream `index` of a seed: each case or scenario draws from a stream of its own, so replaying a seed
+ * reproduces any one of them alone. */
+tu_rng tu_rng_stream(uint64_t seed, uint64_t index);
+
+/* x[0..n) drawn from tu_uniform(r, lo, hi) in order. */
+void tu_fill_uniform(tu_rng *r, float *x, size_t n, double lo, double hi);
+
+/* a[0..n) in a random order (Fisher-Yates). */
+void tu_shuffle(tu_rng *r, uint32_t *a, uint32_t n);
+
+#define TU_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+static inline uint32_t tu_min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+static inline uint32_t tu_max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 /* Reference scalar conversions (round to nearest even). */
 uint16_t tu_f32_to_f16(float x);
@@ -50,6 +65,14 @@ void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst);
 void tu_store(pkv_format format, void *buf, size_t i, float x);
 float tu_load(pkv_format format, const void *buf, size_t i);
 size_t tu_elem_bytes(pkv_format format);
+
+/* Whether pkv_context_create's status says the backend asked for (PKV_BACKEND) is one this machine
+ * lacks: PKV_ERR_UNSUPPORTED (not built in) or PKV_ERR_NO_DEVICE. A test then skips rather than fails. */
+int tu_backend_missing(pkv_status st);
+
+/* The exit status of a test program that skipped: meson (and automake) count it as skipped, not
+ * passed (tu_run.h). */
+#define TU_EXIT_SKIP 77
 
 /* Sets (value) or removes (NULL) an environment variable of this process. */
 void tu_set_env(const char *name, const char *value);

@@ -11,6 +11,7 @@
 //     and writes no output handle, and the same call then succeeds, leaving what the unharmed run left;
 //   - under LeakSanitizer, nothing leaks (checked after every scenario).
 // PKV_FAULT_SCENARIO=<name> runs one scenario; each prints its points, and the program the totals.
+#include "args.h"
 #include "failure.hpp"
 #include "fault.hpp"
 #include "pagedkv.h"
@@ -21,6 +22,7 @@
 #include <csetjmp>
 extern "C" {
 #include <cmocka.h>
+#include "tu_run.h"
 }
 
 #include <cstdio>
@@ -51,16 +53,7 @@ struct World {
 };
 
 pkv_pool_desc pool_desc() {
-  pkv_pool_desc d = PKV_POOL_DESC_INIT;
-  d.layers = kLayers;
-  d.kv_heads = kKvHeads;
-  d.head_dim = kHeadDim;
-  d.page_size = kPageSize;
-  d.pages = 24;
-  d.max_sequences = 6;
-  d.k_format = PKV_FORMAT_F16;
-  d.v_format = PKV_FORMAT_Q8_0;
-  return d;
+  return pu_desc(kLayers, kKvHeads, kHeadDim, kPageSize, 24, 6, PKV_FORMAT_F16, PKV_FORMAT_Q8_0);
 }
 
 pkv_context_desc context_desc() {
@@ -83,14 +76,7 @@ std::vector<float> rows(uint32_t n, float base) {
 void write_seq(pkv_pool *pool, pkv_seq s, uint32_t n, float base) {
   for (uint32_t layer = 0; layer < kLayers; layer++) {
     const std::vector<float> k = rows(n, base + float(layer)), v = rows(n, base - float(layer));
-    pkv_write_args w = PKV_WRITE_ARGS_INIT;
-    w.layer = layer;
-    w.seqs = &s;
-    w.n_tokens = &n;
-    w.count = 1;
-    w.src_format = PKV_FORMAT_F32;
-    w.k = k.data();
-    w.v = v.data();
+    const pkv_write_args w = pu_write_args(layer, &s, &n, 1, PKV_FORMAT_F32, k.data(), v.data());
     ok(pkv_write(pool, &w), "write");
   }
 }
@@ -155,13 +141,7 @@ Snapshot snapshot(World &w, bool with_out) {
     if (n == UINT32_MAX || n == 0) continue;
     for (uint32_t layer = 0; layer < kLayers; layer++) {
       std::vector<uint16_t> k(size_t(n) * kRow), v(size_t(n) * kRow);
-      pkv_read_args r = PKV_READ_ARGS_INIT;
-      r.layer = layer;
-      r.seq = q;
-      r.count = n;
-      r.dst_format = PKV_FORMAT_F16;
-      r.k = k.data();
-      r.v = v.data();
+      const pkv_read_args r = pu_read_args(layer, q, 0, n, PKV_FORMAT_F16, k.data(), v.data());
       ok(pkv_read(w.pool, &r), "read");
       s.kv.insert(s.kv.end(), k.begin(), k.end());
       s.kv.insert(s.kv.end(), v.begin(), v.end());
@@ -176,15 +156,10 @@ Snapshot snapshot(World &w, bool with_out) {
 
 pkv_status decode(World &w, bool launch) {
   const pkv_seq batch[4] = {w.a, w.fork, w.unwritten, w.empty};
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = batch;
-  a.count = 4;
-  a.q_heads = kQHeads;
+  pkv_decode_args a = pu_decode_args(0, batch, 4, kQHeads, w.k.data(), w.out.data(),
+                                     reinterpret_cast<float *>(w.out.data()) + 4 * kQTokens * kQHeads * kHeadDim);
   a.q_tokens = kQTokens;
   a.chunk_pages = 1; // split: the chunks' partials and their merge
-  a.q = w.k.data();
-  a.out = w.out.data();
-  a.lse = reinterpret_cast<float *>(w.out.data()) + 4 * kQTokens * kQHeads * kHeadDim;
   return launch ? pkv_decode(w.pool, &a) : pkv_decode_prepare(w.pool, &a);
 }
 
@@ -252,22 +227,10 @@ const Scenario kScenarios[] = {
        return pkv_append(w.pool, s, n, 3); }, true},
     {"write", 0, two_row_sets, [](World &w) {
        const uint32_t n = 6;
-       pkv_write_args a = PKV_WRITE_ARGS_INIT;
-       a.layer = 1;
-       a.seqs = &w.unwritten;
-       a.n_tokens = &n;
-       a.count = 1;
-       a.src_format = PKV_FORMAT_F32;
-       a.k = w.k.data();
-       a.v = w.v.data();
+       const pkv_write_args a = pu_write_args(1, &w.unwritten, &n, 1, PKV_FORMAT_F32, w.k.data(), w.v.data());
        return pkv_write(w.pool, &a); }, true},
     {"read", 10 * kRow * 4 * 2, nullptr, [](World &w) {
-       pkv_read_args a = PKV_READ_ARGS_INIT;
-       a.layer = 1;
-       a.seq = w.fork;
-       a.count = 10;
-       a.k = w.out.data();
-       a.v = w.out.data() + 10 * kRow * 4;
+       const pkv_read_args a = pu_read_args(1, w.fork, 0, 10, PKV_FORMAT_F32, w.out.data(), w.out.data() + 10 * kRow * 4);
        return pkv_read(w.pool, &a); }, true},
     {"decode", kDecodeOut, queries, [](World &w) { return decode(w, true); }, true},
     {"decode_prepare", kDecodeOut, queries, [](World &w) { return decode(w, false); }, true},
@@ -398,7 +361,7 @@ int main() {
     std::fprintf(stderr, "PKV_FAULT_SCENARIO=%s names no scenario\n", only);
     return 1;
   }
-  const int failed = _cmocka_run_group_tests("faults", tests.data(), tests.size(), nullptr, nullptr);
+  const int failed = tu_run_group("faults", tests.data(), tests.size(), nullptr, nullptr);
   std::printf("# fault injection: %zu scenarios, %llu host allocation and %llu thread points, %llu runs with a fault "
               "armed, %llu of them failed cleanly and were retried\n",
               tests.size(), (unsigned long long)g_totals.points[0], (unsigned long long)g_totals.points[1],

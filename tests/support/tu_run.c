@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "testutil.h"
+
 typedef struct tu_record {
   const struct CMUnitTest *test;
 } tu_record;
@@ -70,8 +72,8 @@ int tu_run_group(const char *group_name, const struct CMUnitTest *tests, size_t 
   free(records);
   if (failed != 0) return 1;
   if (g_started > 0 && g_returned == 0) {
-    printf("# every test of %s skipped: exit status 77 (skipped)\n", group_name);
-    return 77;
+    printf("# every test of %s skipped: exit status %d (skipped)\n", group_name, TU_EXIT_SKIP);
+    return TU_EXIT_SKIP;
   }
   return 0;
 }

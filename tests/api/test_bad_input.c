@@ -16,13 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "poolutil.h"
 #include "testutil.h"
-
-#define CHECK_OK(call)                                                                               \
-  do {                                                                                               \
-    pkv_status st_ = (call);                                                                         \
-    if (st_ != PKV_OK) fail_msg("%s -> %s (%s)", #call, pkv_status_string(st_), pkv_last_error()); \
-  } while (0)
 
 #define LAYERS 2
 #define KV_HEADS 2
@@ -78,20 +73,8 @@ typedef struct bad_case {
  * Fixture
  * ------------------------------------------------------------------------------------------------- */
 
-static void fill_random(tu_rng *r, float *x, size_t n) {
-  for (size_t i = 0; i < n; i++) x[i] = (float)tu_uniform(r, -1.0, 1.0);
-}
-
 static pkv_pool_desc desc_of(uint32_t layers, uint32_t pages, pkv_format k, pkv_format v, uint32_t seed) {
-  pkv_pool_desc d = PKV_POOL_DESC_INIT;
-  d.layers = layers;
-  d.kv_heads = KV_HEADS;
-  d.head_dim = HEAD_DIM;
-  d.page_size = PAGE_SIZE;
-  d.pages = pages;
-  d.max_sequences = 8;
-  d.k_format = k;
-  d.v_format = v;
+  pkv_pool_desc d = pu_desc(layers, KV_HEADS, HEAD_DIM, PAGE_SIZE, pages, 8, k, v);
   d.page_order_seed = seed;
   return d;
 }
@@ -101,16 +84,9 @@ static void fill(fixture *f, pkv_pool *pool, uint32_t layers, const pkv_seq *s, 
                  uint32_t count, tu_rng *r) {
   CHECK_OK(pkv_append(pool, s, n, count));
   for (uint32_t l = 0; l < layers; l++) {
-    fill_random(r, f->k, SRC_ROWS * ROW);
-    fill_random(r, f->v, SRC_ROWS * ROW);
-    pkv_write_args w = PKV_WRITE_ARGS_INIT;
-    w.layer = l;
-    w.seqs = s;
-    w.n_tokens = n;
-    w.count = count;
-    w.k = f->k;
-    w.v = f->v;
-    CHECK_OK(pkv_write(pool, &w));
+    tu_fill_uniform(r, f->k, SRC_ROWS * ROW, -1.0, 1.0);
+    tu_fill_uniform(r, f->v, SRC_ROWS * ROW, -1.0, 1.0);
+    CHECK_OK(pu_write(pool, l, s, n, count, PKV_FORMAT_F32, f->k, f->v));
   }
 }
 
@@ -126,13 +102,7 @@ static int setup(void **state) {
 static void open_fixture(fixture *f) {
   tu_rng r = tu_rng_make(g_seed);
 
-  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  pkv_status st = pkv_context_create(&cd, &f->ctx);
-  if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
-    print_message("    skipped: %s\n", pkv_last_error());
-    skip();
-  }
-  CHECK_OK(st);
+  CHECK_OK(pu_context(&f->ctx));
   /* Quantized K and BF16 V so the read-back compares what the pages really hold. */
   pkv_pool_desc d = desc_of(LAYERS, PAGES, PKV_FORMAT_Q8_0, PKV_FORMAT_BF16, 1 + tu_below(&r, 1000000));
   CHECK_OK(pkv_pool_create(f->ctx, &d, &f->pool));
@@ -162,9 +132,9 @@ static void open_fixture(fixture *f) {
     f->tracked_pool[i] = i < 4 ? f->pool : f->pool2;
     f->tracked_layers[i] = i < 4 ? LAYERS : 1;
   }
-  fill_random(&r, f->k, SRC_ROWS * ROW);
-  fill_random(&r, f->v, SRC_ROWS * ROW);
-  fill_random(&r, f->q, 3 * Q_HEADS * HEAD_DIM);
+  tu_fill_uniform(&r, f->k, SRC_ROWS * ROW, -1.0, 1.0);
+  tu_fill_uniform(&r, f->v, SRC_ROWS * ROW, -1.0, 1.0);
+  tu_fill_uniform(&r, f->q, 3 * Q_HEADS * HEAD_DIM, -1.0, 1.0);
 }
 
 static void free_snapshot(snapshot *s) {
@@ -195,15 +165,9 @@ static void take(fixture *f, snapshot *s) {
     CHECK_OK(pkv_seq_length(f->tracked_pool[i], f->tracked[i], &len));
     s->len[i] = len;
     s->rows[i] = calloc((size_t)layers * 2 * len * ROW + 1, sizeof(float));
-    for (uint32_t l = 0; l < layers && len; l++) {
-      pkv_read_args ra = PKV_READ_ARGS_INIT;
-      ra.layer = l;
-      ra.seq = f->tracked[i];
-      ra.count = len;
-      ra.k = s->rows[i] + (size_t)l * 2 * len * ROW;
-      ra.v = s->rows[i] + ((size_t)l * 2 + 1) * len * ROW;
-      CHECK_OK(pkv_read(f->tracked_pool[i], &ra));
-    }
+    for (uint32_t l = 0; l < layers && len; l++)
+      CHECK_OK(pu_read(f->tracked_pool[i], l, f->tracked[i], 0, len, PKV_FORMAT_F32,
+                       s->rows[i] + (size_t)l * 2 * len * ROW, s->rows[i] + ((size_t)l * 2 + 1) * len * ROW));
   }
 }
 
@@ -254,38 +218,12 @@ static pkv_pool_stats good_stats(void) {
   return s;
 }
 /* the newest 2 of b's 3 tokens, layer 1 */
-static pkv_write_args good_write(fixture *f) {
-  pkv_write_args a = PKV_WRITE_ARGS_INIT;
-  a.layer = 1;
-  a.seqs = &f->b;
-  a.n_tokens = &two;
-  a.count = 1;
-  a.k = f->k;
-  a.v = f->v;
-  return a;
-}
+static pkv_write_args good_write(fixture *f) { return pu_write_args(1, &f->b, &two, 1, PKV_FORMAT_F32, f->k, f->v); }
 /* tokens 1..5 of a, layer 1 */
-static pkv_read_args good_read(fixture *f) {
-  pkv_read_args a = PKV_READ_ARGS_INIT;
-  a.layer = 1;
-  a.seq = f->a;
-  a.start = 1;
-  a.count = 5;
-  a.k = f->rk;
-  a.v = f->rv;
-  return a;
-}
+static pkv_read_args good_read(fixture *f) { return pu_read_args(1, f->a, 1, 5, PKV_FORMAT_F32, f->rk, f->rv); }
 /* a, b and empty, layer 1 */
 static pkv_decode_args good_decode(fixture *f) {
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.layer = 1;
-  a.seqs = f->batch;
-  a.count = 3;
-  a.q_heads = Q_HEADS;
-  a.q = f->q;
-  a.out = f->out;
-  a.lse = f->lse;
-  return a;
+  return pu_decode_args(1, f->batch, 3, Q_HEADS, f->q, f->out, f->lse);
 }
 
 /* Creation calls clean up after themselves when they (wrongly or rightly) succeed. */
@@ -857,7 +795,7 @@ static void helpers_on_unknown_values(void **state) {
 int main(void) {
   g_seed = tu_seed();
   tu_rng r = tu_rng_make(g_seed);
-  fill_random(&r, conv_src, 64);
+  tu_fill_uniform(&r, conv_src, 64, -1.0, 1.0);
   const size_t n = sizeof cases / sizeof cases[0];
   struct CMUnitTest *t = calloc(n + 2, sizeof *t);
   assert_non_null(t);

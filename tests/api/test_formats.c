@@ -35,12 +35,6 @@ static size_t ref_row_bytes(pkv_format f, size_t n) {
   }
 }
 
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  assert_non_null(p);
-  return p;
-}
-
 /* ---- reference encodings, built from testutil's scalar and block references ---- */
 
 static void ref_encode(pkv_format f, const float *x, size_t n, unsigned char *out) {
@@ -140,12 +134,12 @@ static void assert_guard(const unsigned char *p, size_t n, unsigned char poison)
 /* Decodes `bytes` (n values of f) with the library, into buffers poisoned two different ways: both runs
  * must agree byte for byte (so every element was written) and match the reference decoding. */
 static void check_decode(pkv_format f, const unsigned char *bytes, size_t n) {
-  float *want = xmalloc(4 * n);
+  float *want = pu_malloc(4 * n);
   unsigned char *got[2];
   const unsigned char poison[2] = {0xff, 0x00};
   ref_decode(f, bytes, n, want);
   for (int r = 0; r < 2; r++) {
-    got[r] = xmalloc(4 * n + GUARD);
+    got[r] = pu_malloc(4 * n + GUARD);
     memset(got[r], poison[r], 4 * n + GUARD);
     assert_int_equal(pkv_convert_to_f32(f, bytes, n, (float *)(void *)got[r]), PKV_OK);
     assert_guard(got[r] + 4 * n, GUARD, poison[r]);
@@ -163,11 +157,11 @@ static void check_convert(pkv_format f, const float *x, size_t n) {
   const size_t bytes = ref_row_bytes(f, n);
   assert_true(bytes > 0);
   assert_int_equal(pkv_format_row_bytes(f, n), bytes);
-  unsigned char *want = xmalloc(bytes), *got[2];
+  unsigned char *want = pu_malloc(bytes), *got[2];
   const unsigned char poison[2] = {0xff, 0x00};
   ref_encode(f, x, n, want);
   for (int r = 0; r < 2; r++) {
-    got[r] = xmalloc(bytes + GUARD);
+    got[r] = pu_malloc(bytes + GUARD);
     memset(got[r], poison[r], bytes + GUARD);
     assert_int_equal(pkv_convert_from_f32(f, x, n, got[r]), PKV_OK);
     assert_guard(got[r] + bytes, GUARD, poison[r]);
@@ -182,10 +176,6 @@ static void check_convert(pkv_format f, const float *x, size_t n) {
 
 static void check_all_formats(const float *x, size_t n) {
   for (int i = 0; i < N_ALL; i++) check_convert(all_formats[i], x, n);
-}
-
-static void fill_uniform(float *x, size_t n, double lo, double hi) {
-  for (size_t i = 0; i < n; i++) x[i] = (float)tu_uniform(&rng, lo, hi);
 }
 
 /* ---- tests: converters ---- */
@@ -221,7 +211,7 @@ static void test_hand_vectors(void **state) {
   /* Q4_0: equal magnitudes of both signs: the first one decides the sign of d; with a positive max
    * the most negative value maps to 16 and must clamp to 15. */
   for (int order = 0; order < 2; order++) {
-    fill_uniform(x, 32, -1.0, 1.0);
+    tu_fill_uniform(&rng, x, 32, -1.0, 1.0);
     x[3] = order ? -5.0f : 5.0f;
     x[19] = order ? 5.0f : -5.0f;
     check_all_formats(x, 32);
@@ -337,7 +327,7 @@ static void test_random_rows(void **state) {
   for (int it = 0; it < 400; it++) {
     size_t n = 32 * (1 + tu_below(&rng, 12));
     double scale = ldexp(1.0, (int)tu_below(&rng, 36) - 20); /* 2^-20 .. 2^15 */
-    fill_uniform(x, n, -scale, scale);
+    tu_fill_uniform(&rng, x, n, -scale, scale);
     if (it % 4 == 0) /* some zeros and repeated values inside blocks */
       for (int k = 0; k < 8; k++) x[tu_below(&rng, (uint32_t)n)] = (it & 8) ? 0.0f : x[0];
     check_all_formats(x, n);
@@ -391,7 +381,7 @@ static size_t random_bit_inputs(float *out, size_t n) {
 static void test_half_rounding(void **state) {
   (void)state;
   const pkv_format halves[2] = {PKV_FORMAT_F16, PKV_FORMAT_BF16};
-  float *x = xmalloc(4 * 4 * 0x10000u);
+  float *x = pu_malloc(4 * 4 * 0x10000u);
   unsigned char codes[2 * 0x10000];
   for (uint32_t h = 0; h < 0x10000u; h++) {
     uint16_t c = (uint16_t)h;
@@ -414,7 +404,7 @@ static void test_bad_arguments(void **state) {
   (void)state;
   float src[64], dstf[64], dstf0[64];
   unsigned char dst[256], dst0[256];
-  fill_uniform(src, 64, -1.0, 1.0);
+  tu_fill_uniform(&rng, src, 64, -1.0, 1.0);
   memset(dst0, 0xa5, sizeof dst0);
   memset(dstf0, 0xa5, sizeof dstf0);
   unsigned char enc[256];
@@ -479,7 +469,7 @@ static void expected_rows(const float *model_rows, uint32_t count, uint32_t kv_h
 static void check_read(pkv_pool *pool, const row_model *m, const pkv_pool_desc *d, pkv_seq seq, uint32_t s,
                        uint32_t layer, uint32_t start, uint32_t count, pkv_format dst, int want_k, int want_v) {
   const size_t n = (size_t)count * m->width, bytes = n * tu_elem_bytes(dst);
-  unsigned char *got_k = xmalloc(bytes), *got_v = xmalloc(bytes), *want = xmalloc(bytes);
+  unsigned char *got_k = pu_malloc(bytes), *got_v = pu_malloc(bytes), *want = pu_malloc(bytes);
   memset(got_k, 0xff, bytes); /* NaN in every format: an element left unwritten cannot match */
   memset(got_v, 0xff, bytes);
   assert_int_equal(pu_read(pool, layer, seq, start, count, dst, want_k ? got_k : NULL, want_v ? got_v : NULL),
@@ -511,7 +501,7 @@ static void write_layer(pkv_pool *pool, row_model *m, const pkv_seq *seqs, const
   size_t total = 0;
   for (uint32_t s = 0; s < m->nseq; s++) total += n[s];
   const size_t eb = tu_elem_bytes(src);
-  unsigned char *kb = xmalloc(total * m->width * eb), *vb = xmalloc(total * m->width * eb);
+  unsigned char *kb = pu_malloc(total * m->width * eb), *vb = pu_malloc(total * m->width * eb);
   size_t row = 0;
   for (uint32_t s = 0; s < m->nseq; s++) {
     for (uint32_t pos = len[s] - n[s]; pos < len[s]; pos++, row++) {
@@ -548,8 +538,8 @@ static void run_pool_case(uint32_t head_dim, pkv_format kf, pkv_format vf, uint3
 
   row_model m = {nseq, layers, max_len, kv_heads * head_dim, NULL, NULL};
   const size_t model_floats = (size_t)nseq * layers * max_len * m.width;
-  m.k = xmalloc(model_floats * sizeof(float));
-  m.v = xmalloc(model_floats * sizeof(float));
+  m.k = pu_malloc(model_floats * sizeof(float));
+  m.v = pu_malloc(model_floats * sizeof(float));
   pkv_seq seqs[3];
   uint32_t len[3] = {0, 0, 0}, n[3];
   for (uint32_t s = 0; s < nseq; s++) assert_int_equal(pkv_seq_alloc(pool, &seqs[s]), PKV_OK);
@@ -599,12 +589,7 @@ static void test_non_finite_pool(void **state) {
   const uint32_t n = 2;
   assert_int_equal(pkv_seq_alloc(pool, &seq), PKV_OK);
   assert_int_equal(pkv_append(pool, &seq, &n, 1), PKV_OK);
-  pkv_write_args w = PKV_WRITE_ARGS_INIT;
-  w.seqs = &seq;
-  w.n_tokens = &n;
-  w.count = 1;
-  w.k = w.v = rows;
-  assert_int_equal(pkv_write(pool, &w), PKV_OK);
+  assert_int_equal(pu_write(pool, 0, &seq, &n, 1, PKV_FORMAT_F32, rows, rows), PKV_OK);
   for (int plane = 0; plane < 2; plane++) {
     const pkv_format f = plane ? PKV_FORMAT_Q4_0 : PKV_FORMAT_Q8_0;
     for (int t = 0; t < 2; t++) {
@@ -612,12 +597,7 @@ static void test_non_finite_pool(void **state) {
       assert_int_equal(pkv_convert_to_f32(f, plane ? (void *)q4 : (void *)q8, 32, want[t]), PKV_OK);
     }
     memset(back, 0x5a, sizeof back);
-    pkv_read_args r = PKV_READ_ARGS_INIT;
-    r.seq = seq;
-    r.count = 2;
-    if (plane) r.v = back;
-    else r.k = back;
-    assert_int_equal(pkv_read(pool, &r), PKV_OK);
+    assert_int_equal(pu_read(pool, 0, seq, 0, 2, PKV_FORMAT_F32, plane ? NULL : back, plane ? back : NULL), PKV_OK);
     for (int t = 0; t < 2; t++)
       for (int j = 0; j < 32; j++)
         if (isnan(want[t][j]) ? !isnan(back[t][j]) : memcmp(&want[t][j], &back[t][j], 4) != 0)

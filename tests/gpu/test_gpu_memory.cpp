@@ -33,10 +33,6 @@ namespace {
 
 using namespace pkv::cu;
 
-void check(pkv_status st) {
-  if (st != PKV_OK) fail_msg("%s", pkv_last_error());
-}
-
 void check_cu(const Driver &cu, CUresult r, const char *what) {
   if (r != CUDA_SUCCESS) fail_msg("%s: %s", what, cu.describe(r).c_str());
 }
@@ -88,12 +84,12 @@ void device_pointers_match_host_pointers(void **) {
   pkv_pool *host_pool, *dev_pool;
   pu_open(&d, &ctx, &host_pool);
   pkv_backend backend;
-  check(pkv_context_backend(ctx, &backend));
+  CHECK_OK(pkv_context_backend(ctx, &backend));
   if (backend != PKV_BACKEND_CUDA && !(backend == PKV_BACKEND_HIP && std::getenv("PKV_TEST_HIP_STANDIN"))) {
     pu_close(ctx, host_pool);
     skip();
   }
-  check(pkv_pool_create(ctx, &d, &dev_pool));
+  CHECK_OK(pkv_pool_create(ctx, &d, &dev_pool));
   std::string why;
   const Driver *cu = pkv::cuda_driver(&why);
   if (!cu) fail_msg("%s", why.c_str());
@@ -102,63 +98,46 @@ void device_pointers_match_host_pointers(void **) {
   const uint32_t len[B] = {1 + tu_below(&rng, 30), 100 + tu_below(&rng, 200), 0};
   const size_t rows = len[0] + len[1];
   std::vector<float> k(rows * KV * D), v(rows * KV * D), q(size_t(B) * Q * D);
-  for (float &x : k) x = float(tu_uniform(&rng, -2, 2));
-  for (float &x : v) x = float(tu_uniform(&rng, -2, 2));
-  for (float &x : q) x = float(tu_uniform(&rng, -2, 2));
+  tu_fill_uniform(&rng, k.data(), k.size(), -2, 2);
+  tu_fill_uniform(&rng, v.data(), v.size(), -2, 2);
+  tu_fill_uniform(&rng, q.data(), q.size(), -2, 2);
   pkv_seq hs[B], ds[B];
   for (uint32_t b = 0; b < B; b++) {
-    check(pkv_seq_alloc(host_pool, &hs[b]));
-    check(pkv_seq_alloc(dev_pool, &ds[b]));
+    CHECK_OK(pkv_seq_alloc(host_pool, &hs[b]));
+    CHECK_OK(pkv_seq_alloc(dev_pool, &ds[b]));
   }
-  check(pkv_append(host_pool, hs, len, B));
-  check(pkv_append(dev_pool, ds, len, B));
+  CHECK_OK(pkv_append(host_pool, hs, len, B));
+  CHECK_OK(pkv_append(dev_pool, ds, len, B));
 
-  pkv_write_args w = PKV_WRITE_ARGS_INIT;
-  w.layer = 1;
-  w.n_tokens = len;
-  w.count = B;
-  w.seqs = hs;
-  w.k = k.data();
-  w.v = v.data();
-  check(pkv_write(host_pool, &w));
+  pkv_write_args w = pu_write_args(1, hs, len, B, PKV_FORMAT_F32, k.data(), v.data());
+  CHECK_OK(pkv_write(host_pool, &w));
   w.seqs = ds;
   w.memory = PKV_MEMORY_DEVICE;
   w.k = mem.upload(k.data(), k.size() * 4);
   w.v = mem.upload(v.data(), v.size() * 4);
-  check(pkv_write(dev_pool, &w));
+  CHECK_OK(pkv_write(dev_pool, &w));
 
   // Rows read back into device memory equal rows read into host memory.
   std::vector<float> host_k(size_t(len[1]) * KV * D);
-  check(pu_read(host_pool, 1, hs[1], 0, len[1], PKV_FORMAT_F32, host_k.data(), nullptr));
-  pkv_read_args r = PKV_READ_ARGS_INIT;
-  r.layer = 1;
-  r.seq = ds[1];
-  r.count = len[1];
+  CHECK_OK(pu_read(host_pool, 1, hs[1], 0, len[1], PKV_FORMAT_F32, host_k.data(), nullptr));
+  pkv_read_args r = pu_read_args(1, ds[1], 0, len[1], PKV_FORMAT_F32, mem.alloc(host_k.size() * 4), nullptr);
   r.memory = PKV_MEMORY_DEVICE;
-  r.k = mem.alloc(host_k.size() * 4);
-  check(pkv_read(dev_pool, &r));
+  CHECK_OK(pkv_read(dev_pool, &r));
   if (std::memcmp(mem.download<float>(r.k, host_k.size()).data(), host_k.data(), host_k.size() * 4) != 0)
     fail_msg("rows read into device memory differ from rows read into host memory");
 
   // Decode with host pointers, then with device pointers: the same bits.
   std::vector<float> out(q.size(), NAN), lse(size_t(B) * Q, NAN);
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.layer = 1;
-  a.seqs = hs;
-  a.count = B;
-  a.q_heads = Q;
-  a.q = q.data();
-  a.out = out.data();
-  a.lse = lse.data();
-  check(pkv_decode(host_pool, &a));
+  pkv_decode_args a = pu_decode_args(1, hs, B, Q, q.data(), out.data(), lse.data());
+  CHECK_OK(pkv_decode(host_pool, &a));
   a.seqs = ds;
   a.memory = PKV_MEMORY_DEVICE;
   a.q = mem.upload(q.data(), q.size() * 4);
   std::vector<float> poison(q.size(), NAN);
   a.out = mem.upload(poison.data(), poison.size() * 4);
   a.lse = static_cast<float *>(mem.upload(poison.data(), lse.size() * 4));
-  check(pkv_decode(dev_pool, &a));
-  check(pkv_context_synchronize(ctx));
+  CHECK_OK(pkv_decode(dev_pool, &a));
+  CHECK_OK(pkv_context_synchronize(ctx));
   if (std::memcmp(mem.download<float>(a.out, out.size()).data(), out.data(), out.size() * 4) != 0 ||
       std::memcmp(mem.download<float>(a.lse, lse.size()).data(), lse.data(), lse.size() * 4) != 0)
     fail_msg("decode with device pointers differs from decode with host pointers");
@@ -168,7 +147,7 @@ void device_pointers_match_host_pointers(void **) {
   // F16 q read from a device address 4 bytes past a 16-byte boundary (an engine's slice of a larger
   // buffer): the kernels must not assume 16-byte alignment, and the bits equal the host decode's.
   std::vector<uint16_t> q16(q.size());
-  check(pkv_convert_from_f32(PKV_FORMAT_F16, q.data(), q.size(), q16.data()));
+  CHECK_OK(pkv_convert_from_f32(PKV_FORMAT_F16, q.data(), q.size(), q16.data()));
   std::vector<float> out16(q.size(), NAN);
   a.seqs = hs;
   a.memory = PKV_MEMORY_HOST;
@@ -176,7 +155,7 @@ void device_pointers_match_host_pointers(void **) {
   a.q = q16.data();
   a.out = out16.data();
   a.lse = nullptr;
-  check(pkv_decode(host_pool, &a));
+  CHECK_OK(pkv_decode(host_pool, &a));
   a.seqs = ds;
   a.memory = PKV_MEMORY_DEVICE;
   a.q = static_cast<uint8_t *>(mem.alloc(q16.size() * 2 + 16)) + 4;
@@ -184,12 +163,12 @@ void device_pointers_match_host_pointers(void **) {
            "cuMemcpyHtoDAsync");
   check_cu(mem.cu, mem.cu.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
   a.out = mem.upload(poison.data(), poison.size() * 4);
-  check(pkv_decode(dev_pool, &a));
-  check(pkv_context_synchronize(ctx));
+  CHECK_OK(pkv_decode(dev_pool, &a));
+  CHECK_OK(pkv_context_synchronize(ctx));
   if (std::memcmp(mem.download<float>(a.out, out16.size()).data(), out16.data(), out16.size() * 4) != 0)
     fail_msg("decode of an unaligned device q differs from decode of host q");
 
-  check(pkv_pool_destroy(dev_pool));
+  CHECK_OK(pkv_pool_destroy(dev_pool));
   pu_close(ctx, host_pool);
 }
 
@@ -203,21 +182,14 @@ const Driver *driver_or_null() {
 // Appends n[b] tokens of fresh random K/V to each sequence and writes them into every layer.
 void grow(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n, uint32_t count, uint32_t layers, uint32_t width,
           tu_rng *rng) {
-  check(pkv_append(pool, seqs, n, count));
+  CHECK_OK(pkv_append(pool, seqs, n, count));
   size_t rows = 0;
   for (uint32_t b = 0; b < count; b++) rows += n[b];
   std::vector<float> k(rows * width), v(rows * width);
   for (uint32_t layer = 0; layer < layers; layer++) {
-    for (float &x : k) x = float(tu_uniform(rng, -2, 2));
-    for (float &x : v) x = float(tu_uniform(rng, -2, 2));
-    pkv_write_args w = PKV_WRITE_ARGS_INIT;
-    w.layer = layer;
-    w.seqs = seqs;
-    w.n_tokens = n;
-    w.count = count;
-    w.k = k.data();
-    w.v = v.data();
-    check(pkv_write(pool, &w));
+    tu_fill_uniform(rng, k.data(), k.size(), -2, 2);
+    tu_fill_uniform(rng, v.data(), v.size(), -2, 2);
+    CHECK_OK(pu_write(pool, layer, seqs, n, count, PKV_FORMAT_F32, k.data(), v.data()));
   }
 }
 
@@ -233,7 +205,7 @@ struct EngineStream {
     pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
     cd.backend = backend;
     cd.stream = stream;
-    check(pkv_context_create(&cd, &ctx));
+    CHECK_OK(pkv_context_create(&cd, &ctx));
   }
   ~EngineStream() {
     pkv_context_destroy(ctx);
@@ -259,7 +231,7 @@ const Driver *driver_or_skip(pkv_backend backend) {
   const Driver *cu = driver_or_null();
   if (!cu) skip();
   pkv_backend_info info = PKV_BACKEND_INFO_INIT;
-  check(pkv_backend_query(backend, &info));
+  CHECK_OK(pkv_backend_query(backend, &info));
   if (info.device_count == 0) skip();
   return cu;
 }
@@ -278,38 +250,33 @@ void captured_decode_replays_after_the_batch_grows(void **) {
   DeviceMemory &mem = e.mem;
   const CUstream stream = e.stream;
   pkv_pool *pool;
-  check(pkv_pool_create(e.ctx, &d, &pool));
+  CHECK_OK(pkv_pool_create(e.ctx, &d, &pool));
 
   pkv_seq seqs[B];
   uint32_t n[B];
   for (uint32_t b = 0; b < B; b++) {
-    check(pkv_seq_alloc(pool, &seqs[b]));
+    CHECK_OK(pkv_seq_alloc(pool, &seqs[b]));
     n[b] = T + tu_below(&rng, 100);
   }
   grow(pool, seqs, n, B, L, KV * D, &rng);
 
   const size_t out_n = size_t(B) * T * Q * D, lse_n = size_t(B) * T * Q;
   std::vector<float> q(out_n), poison(out_n, NAN);
-  for (float &x : q) x = float(tu_uniform(&rng, -2, 2));
+  tu_fill_uniform(&rng, q.data(), q.size(), -2, 2);
   void *graph_out[L], *graph_lse[L], *direct_out = mem.alloc(out_n * 4), *direct_lse = mem.alloc(lse_n * 4);
   for (uint32_t layer = 0; layer < L; layer++) {
     graph_out[layer] = mem.upload(poison.data(), out_n * 4);
     graph_lse[layer] = mem.upload(poison.data(), lse_n * 4);
   }
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = seqs;
-  a.count = B;
-  a.q_heads = Q;
+  pkv_decode_args a =
+      pu_decode_args(0, seqs, B, Q, mem.upload(q.data(), out_n * 4), direct_out, static_cast<float *>(direct_lse));
   a.q_tokens = T;
   a.memory = PKV_MEMORY_DEVICE;
-  a.q = mem.upload(q.data(), out_n * 4);
 
   // Capture both layers' decode. The shape is decoded once first (scratch buffers are sized on first
   // use), then prepared.
-  a.out = direct_out;
-  a.lse = static_cast<float *>(direct_lse);
-  check(pkv_decode(pool, &a));
-  check(pkv_decode_prepare(pool, &a));
+  CHECK_OK(pkv_decode(pool, &a));
+  CHECK_OK(pkv_decode_prepare(pool, &a));
   check_cu(*cu, cu->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
   for (uint32_t layer = 0; layer < L; layer++) {
     a.layer = layer;
@@ -336,14 +303,14 @@ void captured_decode_replays_after_the_batch_grows(void **) {
     std::string text;
     pu_assert_fails(e.decode_captured(pool, a, &text), PKV_ERR_INVALID_ARGUMENT);
 
-    check(pkv_decode_prepare(pool, &a));
+    CHECK_OK(pkv_decode_prepare(pool, &a));
     check_cu(*cu, cu->cuGraphLaunch(exec, stream), "cuGraphLaunch");
     for (uint32_t layer = 0; layer < L; layer++) {
       a.layer = layer;
       a.out = direct_out;
       a.lse = static_cast<float *>(direct_lse);
-      check(pkv_decode(pool, &a));
-      check(pkv_context_synchronize(e.ctx));
+      CHECK_OK(pkv_decode(pool, &a));
+      CHECK_OK(pkv_context_synchronize(e.ctx));
       const std::vector<float> got = mem.download<float>(graph_out[layer], out_n);
       for (float x : got)
         if (std::isnan(x)) fail_msg("round %d layer %u: the replay left an output unwritten", round, layer);
@@ -354,12 +321,12 @@ void captured_decode_replays_after_the_batch_grows(void **) {
       // Poisoned again for the next replay.
       check_cu(*cu, cu->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(graph_out[layer]), poison.data(), out_n * 4,
                                           stream), "cuMemcpyHtoDAsync");
-      check(pkv_context_synchronize(e.ctx));
+      CHECK_OK(pkv_context_synchronize(e.ctx));
     }
   }
   cu->cuGraphExecDestroy(exec);
   cu->cuGraphDestroy(graph);
-  check(pkv_pool_destroy(pool));
+  CHECK_OK(pkv_pool_destroy(pool));
 }
 
 // Decodes two sequences of `n` tokens (fresh random K/V and q) of a pool made by `d` into
@@ -368,30 +335,26 @@ void captured_decode_replays_after_the_batch_grows(void **) {
 void capture_is_refused(EngineStream &e, const pkv_pool_desc &d, const uint32_t n[2], const char *why, tu_rng *rng) {
   enum : uint32_t { B = 2, Q = 8 };
   pkv_pool *pool;
-  check(pkv_pool_create(e.ctx, &d, &pool));
+  CHECK_OK(pkv_pool_create(e.ctx, &d, &pool));
   pkv_seq seqs[B];
-  for (pkv_seq &s : seqs) check(pkv_seq_alloc(pool, &s));
+  for (pkv_seq &s : seqs) CHECK_OK(pkv_seq_alloc(pool, &s));
   grow(pool, seqs, n, B, d.layers, d.kv_heads * d.head_dim, rng);
 
   std::vector<float> q(size_t(B) * Q * d.head_dim), poison(q.size(), NAN);
-  for (float &x : q) x = float(tu_uniform(rng, -2, 2));
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = seqs;
-  a.count = B;
-  a.q_heads = Q;
+  tu_fill_uniform(rng, q.data(), q.size(), -2, 2);
+  void *device_q = e.mem.upload(q.data(), q.size() * 4);
+  pkv_decode_args a = pu_decode_args(0, seqs, B, Q, device_q, e.mem.upload(poison.data(), poison.size() * 4), nullptr);
   a.memory = PKV_MEMORY_DEVICE;
-  a.q = e.mem.upload(q.data(), q.size() * 4);
-  a.out = e.mem.upload(poison.data(), poison.size() * 4);
-  check(pkv_decode(pool, &a));
-  check(pkv_context_synchronize(e.ctx));
+  CHECK_OK(pkv_decode(pool, &a));
+  CHECK_OK(pkv_context_synchronize(e.ctx));
   for (float x : e.mem.download<float>(a.out, q.size()))
     if (!std::isfinite(x)) fail_msg("the decode left an output unwritten");
 
-  check(pkv_decode_prepare(pool, &a));
+  CHECK_OK(pkv_decode_prepare(pool, &a));
   std::string text;
   pu_assert_fails(e.decode_captured(pool, a, &text), PKV_ERR_UNSUPPORTED);
   if (text.find(why) == std::string::npos) fail_msg("the refusal does not say why: %s", text.c_str());
-  check(pkv_pool_destroy(pool));
+  CHECK_OK(pkv_pool_destroy(pool));
 }
 
 // The HIP backend has no decode kernel a graph can replay (only the tensor-core one, CUDA-only, can).

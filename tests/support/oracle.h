@@ -16,6 +16,11 @@
 void oracle_attend(const double *q, const float *k, const float *v, size_t stride, uint32_t n, uint32_t head_dim,
                    double scale, double *out, double *mag, double *lse);
 
+/* logit[t] = scale q.k_t over keys [0, n) (k holds row t at t * stride); returns their maximum
+ * (-infinity for n = 0). oracle_attend's first step, for a check that needs the logits themselves. */
+double oracle_logits(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim, double scale,
+                     double *logit);
+
 /* max_t scale sum_d |q_d k_td| over keys [0, n): the size of the logits' terms, against which float32
  * arithmetic errs (0 for n = 0). */
 double oracle_logit_magnitude(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim,

@@ -6,33 +6,31 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
-pkv_pool_desc pu_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t page_size,
-                      uint32_t pages, uint32_t max_sequences, pkv_format k_format, pkv_format v_format) {
-  pkv_pool_desc d = PKV_POOL_DESC_INIT;
-  d.layers = layers;
-  d.kv_heads = kv_heads;
-  d.head_dim = head_dim;
-  d.page_size = page_size;
-  d.pages = pages;
-  d.max_sequences = max_sequences;
-  d.k_format = k_format;
-  d.v_format = v_format;
-  return d;
+#include "testutil.h"
+
+void *pu_malloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) fail_msg("out of memory (%zu bytes)", bytes);
+  return p;
 }
 
-void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool) {
+pkv_status pu_context(pkv_context **ctx) {
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  pkv_status st;
-  *ctx = NULL;
-  *pool = NULL;
-  st = pkv_context_create(&cd, ctx);
-  if (st == PKV_ERR_UNSUPPORTED || st == PKV_ERR_NO_DEVICE) { /* PKV_BACKEND names one this machine lacks */
+  const pkv_status st = pkv_context_create(&cd, ctx);
+  if (tu_backend_missing(st)) {
     print_message("    skipped: %s\n", pkv_last_error());
     skip();
   }
-  assert_int_equal(st, PKV_OK);
+  return st;
+}
+
+void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool) {
+  *ctx = NULL;
+  *pool = NULL;
+  assert_int_equal(pu_context(ctx), PKV_OK);
   assert_non_null(*ctx);
   assert_int_equal(pkv_pool_create(*ctx, desc, pool), PKV_OK);
   assert_non_null(*pool);
@@ -76,26 +74,29 @@ void pu_assert_fails(pkv_status got, pkv_status want) {
 
 pkv_status pu_write(pkv_pool *pool, uint32_t layer, const pkv_seq *seqs, const uint32_t *n_tokens,
                     uint32_t count, pkv_format src_format, const void *k, const void *v) {
-  pkv_write_args a = PKV_WRITE_ARGS_INIT;
-  a.layer = layer;
-  a.seqs = seqs;
-  a.n_tokens = n_tokens;
-  a.count = count;
-  a.src_format = src_format;
-  a.k = k;
-  a.v = v;
+  const pkv_write_args a = pu_write_args(layer, seqs, n_tokens, count, src_format, k, v);
   return pkv_write(pool, &a);
 }
 
 pkv_status pu_read(pkv_pool *pool, uint32_t layer, pkv_seq seq, uint32_t start, uint32_t count,
                    pkv_format dst_format, void *k, void *v) {
-  pkv_read_args a = PKV_READ_ARGS_INIT;
-  a.layer = layer;
-  a.seq = seq;
-  a.start = start;
-  a.count = count;
-  a.dst_format = dst_format;
-  a.k = k;
-  a.v = v;
+  const pkv_read_args a = pu_read_args(layer, seq, start, count, dst_format, k, v);
   return pkv_read(pool, &a);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+void pu_skip_under_asan(const char *why) {
+#if defined(UNDER_ASAN)
+  print_message("    skipped under AddressSanitizer: %s\n", why);
+  skip();
+#else
+  (void)why;
+#endif
 }

@@ -27,10 +27,6 @@ static void open_pool(uint32_t max_sequences, pkv_context **ctx, pkv_pool **pool
   pu_open(&d, ctx, pool);
 }
 
-static void fill_random(float *x, size_t n) {
-  for (size_t i = 0; i < n; i++) x[i] = (float)tu_uniform(&rng, -1.0, 1.0);
-}
-
 static void append1(pkv_pool *pool, pkv_seq s, uint32_t n) {
   assert_int_equal(pkv_append(pool, &s, &n, 1), PKV_OK);
 }
@@ -43,8 +39,8 @@ static pkv_seq new_live(pkv_pool *pool, uint32_t n) {
   assert_int_equal(pkv_seq_alloc(pool, &s), PKV_OK);
   assert_true(s.id != 0);
   append1(pool, s, n);
-  fill_random(k, (size_t)n * HD);
-  fill_random(v, (size_t)n * HD);
+  tu_fill_uniform(&rng, k, (size_t)n * HD, -1.0, 1.0);
+  tu_fill_uniform(&rng, v, (size_t)n * HD, -1.0, 1.0);
   assert_int_equal(pu_write(pool, 0, &s, &n, 1, PKV_FORMAT_F32, k, v), PKV_OK);
   return s;
 }
@@ -61,8 +57,8 @@ static void check_stale_everywhere(pkv_pool *pool, pkv_seq bad, pkv_seq live) {
   const uint32_t live_len = pu_length(pool, live);
   float k0[HD], v0[HD], k1[HD], v1[HD], rows[4 * HD], q[HD], out[HD];
   read_last_row(pool, live, k0, v0);
-  fill_random(rows, 4 * HD);
-  fill_random(q, HD);
+  tu_fill_uniform(&rng, rows, 4 * HD, -1.0, 1.0);
+  tu_fill_uniform(&rng, q, HD, -1.0, 1.0);
 
   uint32_t len = 0, one[2] = {1, 1};
   pkv_seq child = {0}, pairs[2][2] = {{live, bad}, {bad, live}};
@@ -76,12 +72,7 @@ static void check_stale_everywhere(pkv_pool *pool, pkv_seq bad, pkv_seq live) {
     pu_assert_fails(pu_write(pool, 0, pairs[p], one, 2, PKV_FORMAT_F32, rows, rows + 2 * HD), PKV_ERR_STALE_HANDLE);
   }
   pu_assert_fails(pu_read(pool, 0, bad, 0, 1, PKV_FORMAT_F32, out, NULL), PKV_ERR_STALE_HANDLE);
-  pkv_decode_args a = PKV_DECODE_ARGS_INIT;
-  a.seqs = &bad;
-  a.count = 1;
-  a.q_heads = 1;
-  a.q = q;
-  a.out = out;
+  const pkv_decode_args a = pu_decode_args(0, &bad, 1, 1, q, out, NULL);
   pu_assert_fails(pkv_decode(pool, &a), PKV_ERR_STALE_HANDLE);
   pu_assert_fails(pkv_seq_free(pool, bad), PKV_ERR_STALE_HANDLE);
 
@@ -334,7 +325,7 @@ static void test_last_error(void **state) {
   pkv_seq s, c;
   pkv_pool_stats st = PKV_POOL_STATS_INIT;
   float x[32], y[32];
-  fill_random(x, 32);
+  tu_fill_uniform(&rng, x, 32, -1.0, 1.0);
 #define FAIL_THEN(call)                                                                                  \
   do {                                                                                                   \
     pu_assert_fails(pkv_seq_length(pool, zero_handle, &len), PKV_ERR_STALE_HANDLE);                      \
