@@ -32,12 +32,16 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const uint32_t length = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq];
 
-  float q[T][NV], acc[T][NV], m[T], l[T];
+  // l carries a compensation term (Kahan): beside a dominant token's weight of 1, the weights of
+  // thousands of tokens ~17 logits below (4e-8 each) fall under half an ulp of l and would each be
+  // dropped, taking a quarter of the sum's tail and 1.7e-4 off lse at 16K tokens.
+  float q[T][NV], acc[T][NV], m[T], l[T], l_lost[T];
   uint32_t visible[T]; // positions below this are the row's context
 #pragma unroll
   for (int g = 0; g < T; g++) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
+    l_lost[g] = 0.0f;
     const uint32_t tok = (g0 + g) / group;
     visible[g] = length - p.q_tokens + tok + 1;
     const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
@@ -72,7 +76,10 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
       s = warp_sum(s);
       const float m_new = fmaxf(m[g], s);
       const float correction = expf(m[g] - m_new), w = expf(s - m_new);
-      l[g] = l[g] * correction + w;
+      // Rounded step by step (no fused multiply-add), so that l_lost is exactly what l dropped.
+      const float l_scaled = __fmul_rn(l[g], correction), add = __fsub_rn(w, __fmul_rn(l_lost[g], correction));
+      l[g] = __fadd_rn(l_scaled, add);
+      l_lost[g] = __fsub_rn(__fsub_rn(l[g], l_scaled), add);
 #pragma unroll
       for (int j = 0; j < NV; j++) acc[g][j] = acc[g][j] * correction + w * vv[j];
       m[g] = m_new;
@@ -83,7 +90,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   for (int g = 0; g < T; g++) {
     if (lane == 0) {
       sm_m[warp][g] = m[g];
-      sm_l[warp][g] = l[g];
+      sm_l[warp][g] = l[g] - l_lost[g];
     }
 #pragma unroll
     for (int j = 0; j < NV; j++) sm_acc[warp][g][lane + 32 * j] = acc[g][j];
