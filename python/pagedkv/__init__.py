@@ -11,6 +11,8 @@ Arrays are numpy arrays in host memory, or torch tensors (host or GPU: their dat
 and a GPU tensor must be used on the stream the context was created with). A failed call raises a
 PagedKVError subclass carrying the status and the library's detail text (pkv_last_error()).
 The library is found through $PAGEDKV_LIBRARY, this package's folder, or the system loader.
+
+One module past 500 lines: the whole public Python API, as one import sees it.
 """
 from __future__ import annotations
 

@@ -11,7 +11,10 @@
  *
  * PKV_TEST_SEED fixes the seed; PKV_DIFF_SCENARIOS (default 150) and PKV_DIFF_SECONDS (default 60:
  * no new scenario starts after that) bound the run; PKV_DIFF_SCENARIO=k runs scenario k of the seed
- * alone, printing its calls. A failure prints the command that reproduces it. */
+ * alone, printing its calls. A failure prints the command that reproduces it.
+ *
+ * One file past 500 lines: the scenario generator and the lockstep comparison share the model of
+ * what every sequence holds; apart, that model would cross a file boundary on every call. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>

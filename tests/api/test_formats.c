@@ -1,6 +1,9 @@
 /* Format conversions and quantization: the public converters against the reference encodings in
  * testutil (ggml's block layout for Q8_0/Q4_0), and rows written into and read back from pools of
- * every page format. */
+ * every page format.
+ *
+ * One file past 500 lines: every format's conversions and its round trip through pages, one
+ * format table for both. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
