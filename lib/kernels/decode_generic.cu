@@ -19,6 +19,14 @@ __device__ __forceinline__ float warp_sum(float x) {
 // Block: PKV_DECODE_WARPS warps take the chunk's tokens in turn; lane l holds dims l, l + 32, ... of
 // every row, which for Q8_0/Q4_0 is element l of each 32-value group. Grid: (chunk, KV head, tile of
 // up to PKV_HEAD_TILE query heads). NV = head_dim / 32.
+// sum = sum * scale + add, with `lost` the rounding loss carried from step to step (Kahan). Rounded
+// step by step (no fused multiply-add), so that `lost` is exactly what the sum dropped.
+__device__ inline void compensated_step(float &sum, float &lost, float scale, float add) {
+  const float scaled = __fmul_rn(sum, scale), y = __fsub_rn(add, __fmul_rn(lost, scale));
+  sum = __fadd_rn(scaled, y);
+  lost = __fsub_rn(__fsub_rn(sum, scaled), y);
+}
+
 template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   constexpr int T = PKV_HEAD_TILE, W = PKV_DECODE_WARPS, D = NV * 32;
   __shared__ float sm_m[W][T], sm_l[W][T];
@@ -32,10 +40,10 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const uint32_t length = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq];
 
-  // l carries a compensation term (Kahan): beside a dominant token's weight of 1, the weights of
-  // thousands of tokens ~17 logits below (4e-8 each) fall under half an ulp of l and would each be
+  // l and acc carry compensation terms (Kahan): beside a dominant token's weight of 1, the weights
+  // of thousands of tokens ~17 logits below (4e-8 each) fall under half an ulp and would each be
   // dropped, taking a quarter of the sum's tail and 1.7e-4 off lse at 16K tokens.
-  float q[T][NV], acc[T][NV], m[T], l[T], l_lost[T];
+  float q[T][NV], acc[T][NV], acc_lost[T][NV], m[T], l[T], l_lost[T];
   uint32_t visible[T]; // positions below this are the row's context
 #pragma unroll
   for (int g = 0; g < T; g++) {
@@ -47,7 +55,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
     const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
 #pragma unroll
     for (int j = 0; j < NV; j++) {
-      acc[g][j] = 0.0f;
+      acc[g][j] = acc_lost[g][j] = 0.0f;
       const uint64_t qi = head * D + lane + 32 * j;
       q[g][j] = g < gt ? load_io(p.q_format, reinterpret_cast<const void *>(p.q), qi) * p.scale : 0.0f;
     }
@@ -76,12 +84,9 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
       s = warp_sum(s);
       const float m_new = fmaxf(m[g], s);
       const float correction = expf(m[g] - m_new), w = expf(s - m_new);
-      // Rounded step by step (no fused multiply-add), so that l_lost is exactly what l dropped.
-      const float l_scaled = __fmul_rn(l[g], correction), add = __fsub_rn(w, __fmul_rn(l_lost[g], correction));
-      l[g] = __fadd_rn(l_scaled, add);
-      l_lost[g] = __fsub_rn(__fsub_rn(l[g], l_scaled), add);
+      compensated_step(l[g], l_lost[g], correction, w);
 #pragma unroll
-      for (int j = 0; j < NV; j++) acc[g][j] = acc[g][j] * correction + w * vv[j];
+      for (int j = 0; j < NV; j++) compensated_step(acc[g][j], acc_lost[g][j], correction, w * vv[j]);
       m[g] = m_new;
     }
   }
@@ -93,7 +98,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
       sm_l[warp][g] = l[g] - l_lost[g];
     }
 #pragma unroll
-    for (int j = 0; j < NV; j++) sm_acc[warp][g][lane + 32 * j] = acc[g][j];
+    for (int j = 0; j < NV; j++) sm_acc[warp][g][lane + 32 * j] = acc[g][j] - acc_lost[g][j];
   }
   __syncthreads();
 
