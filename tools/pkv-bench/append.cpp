@@ -16,7 +16,7 @@ AppendResult measure_append(Env &e, pkv_format fmt, bool prefill) {
   uint32_t nseq = prefill ? 1 : 128, steps = prefill ? std::max<uint32_t>(10, e.iters / 2) : 4 * e.iters;
   uint32_t warm = prefill ? 2 : 10;
   size_t row_vals = (size_t)s.hkv * s.d;
-  try {
+  measure_row(r, [&] {
     PoolGuard pool;
     uint64_t pages = prefill ? (4096 / 16 + 1) : (uint64_t)nseq * ((warm + steps) / 16 + 1);
     make_pool(e, pool, s, fmt, fmt, 16, pages, nseq, prefill ? 4096 : warm + steps, kPagedSeed);
@@ -46,13 +46,7 @@ AppendResult measure_append(Env &e, pkv_format fmt, bool prefill) {
     r.rows_per_s = r.rows / (r.us * 1e-6);
     r.src_gbs = (double)r.rows * row_vals * 2 * 2 / r.us / 1e3; // K and V, 2 bytes a value
     r.page_gbs = (double)r.rows * token_bytes(s, fmt, fmt) / r.us / 1e3;
-  } catch (const Skipped &x) {
-    r.status = "skipped";
-    r.reason = x.what();
-  } catch (const Failure &x) {
-    r.status = "error";
-    r.reason = x.what();
-  }
+  });
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,23 @@ struct Skipped : std::runtime_error {
 };
 
 void check(pkv_status st, const char *what);
+
+// Runs a row's measurement: Skipped or a host out of memory marks the row skipped, a Failure an
+// error, each with its reason.
+template <class Row, class Measure> void measure_row(Row &r, Measure measure) {
+  try {
+    measure();
+  } catch (const Skipped &x) {
+    r.status = "skipped";
+    r.reason = x.what();
+  } catch (const std::bad_alloc &) {
+    r.status = "skipped";
+    r.reason = "host out of memory";
+  } catch (const Failure &x) {
+    r.status = "error";
+    r.reason = x.what();
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers: clock, statistics, formatting.

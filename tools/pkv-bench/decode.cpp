@@ -101,7 +101,7 @@ DecodeResult measure_decode(Env &e, const Workload &w) {
   uint32_t longest = *std::max_element(w.lens.begin(), w.lens.end());
   r.bytes = sum_of(w.lens) * per_token;
   r.base_bytes = (uint64_t)w.lens.size() * longest * per_token;
-  try {
+  measure_row(r, [&] {
     if (r.bytes > 40000000000ull) throw Skipped("over 40 GB of K/V");
     r.copies = copies_for(e, r.bytes);
     DecodePool paged, base;
@@ -135,16 +135,7 @@ DecodeResult measure_decode(Env &e, const Workload &w) {
       r.base_us = median(tbase);
       r.ratio = r.base_us / r.us;
     }
-  } catch (const Skipped &x) {
-    r.status = "skipped";
-    r.reason = x.what();
-  } catch (const std::bad_alloc &) {
-    r.status = "skipped";
-    r.reason = "host out of memory";
-  } catch (const Failure &x) {
-    r.status = "error";
-    r.reason = x.what();
-  }
+  });
   return r;
 }
 

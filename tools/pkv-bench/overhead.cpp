@@ -42,7 +42,7 @@ std::vector<OverheadResult> measure_overhead(Env &e, const std::string &filter) 
     r.what = it.what;
     r.unit = it.unit;
     if (!filter.empty() && r.id.find(filter) == std::string::npos) continue;
-    try {
+    measure_row(r, [&] {
       PoolGuard pool;
       make_pool(e, pool, s, PKV_FORMAT_F16, PKV_FORMAT_F16, 16, (warm_len + 2 * ops) / 16 + 4, 64, warm_len + 2 * ops,
                 kPagedSeed);
@@ -90,13 +90,7 @@ std::vector<OverheadResult> measure_overhead(Env &e, const std::string &filter) 
         r.value = per_op(blocks, 100, [] {}, call);
       }
       pool.close();
-    } catch (const Skipped &x) {
-      r.status = "skipped";
-      r.reason = x.what();
-    } catch (const Failure &x) {
-      r.status = "error";
-      r.reason = x.what();
-    }
+    });
     out.push_back(r);
   }
   return out;
