@@ -4,8 +4,11 @@
  * pool (every K x V format pair, head_dim 32-256, GQA 1-8, page sizes 1-1024, 1-3 layers), value
  * magnitudes from 1e-6 to 1e3 (tiny quantization scales included), and a sequence of engine calls:
  * alloc, ragged appends written in every layer (F32/F16/BF16 sources), forks, truncations followed by
- * overwrites, frees, and decodes of random sub-batches (empty sequences, 1-8 query tokens, every
- * chunk_pages mode, q and out in every I/O format, with and without lse). Every decode's out and lse
+ * overwrites, frees, speculative steps (1-8 tokens appended, written and decoded at once), and decodes
+ * of random sub-batches (empty sequences, a sequence named more than once, 1-8 query tokens, every
+ * chunk_pages mode, q and out in every I/O format, with and without lse). A third of the scenarios run
+ * two such pool pairs of different shapes on the same contexts, their calls interleaved, so that a
+ * backend's per-context buffers serve pools of different geometries in turn. Every decode's out and lse
  * are poisoned with NaN first and compared, on both pools, with the float64 oracle of the values the
  * test wrote; errors are measured relative to max(|ref|, sum_t p_t |v_t|).
  *
@@ -40,9 +43,9 @@ typedef struct seq_copy {
   float *k, *v;
 } seq_copy;
 
-typedef struct scenario {
-  uint64_t index;
-  tu_rng rng;
+/* A pair of pools in lockstep (the CPU reference and the backend under test), the test's copy of what
+ * they hold, and the values it draws for them. */
+typedef struct world {
   pkv_pool_desc desc;
   uint32_t group, row;  /* query heads per KV head; values per token and layer */
   double mk, mv, mq;    /* magnitudes of K, V and q values */
@@ -51,6 +54,15 @@ typedef struct scenario {
   uint32_t max_step;    /* most tokens one append gives a sequence */
   side ref, tgt;
   seq_copy seqs[MAX_SEQS];
+} world;
+
+/* A scenario runs one world, or two of different shapes whose calls interleave (so the backend's
+ * per-context state serves pools of different geometries in turn). */
+typedef struct scenario {
+  uint64_t index;
+  tu_rng rng;
+  world worlds[2];
+  uint32_t n_worlds;
   int verbose, failed;
   char log[8192];       /* the scenario's calls so far, printed when it fails */
   size_t log_len;
@@ -114,57 +126,57 @@ static pkv_status both(scenario *s, const char *what, pkv_status a, pkv_status b
  * pool on each. */
 static pkv_context *g_ref_ctx, *g_tgt_ctx;
 
-static pkv_status open_pools(scenario *s) {
-  pkv_status st = pkv_pool_create(g_ref_ctx, &s->desc, &s->ref.pool);
+static pkv_status open_pools(world *w) {
+  pkv_status st = pkv_pool_create(g_ref_ctx, &w->desc, &w->ref.pool);
   if (st != PKV_OK) return st;
-  st = pkv_pool_create(g_tgt_ctx, &s->desc, &s->tgt.pool);
+  st = pkv_pool_create(g_tgt_ctx, &w->desc, &w->tgt.pool);
   if (st != PKV_OK) {
-    pkv_pool_destroy(s->ref.pool);
-    s->ref.pool = NULL;
+    pkv_pool_destroy(w->ref.pool);
+    w->ref.pool = NULL;
   }
   return st;
 }
 
-static void close_pools(scenario *s) {
-  pkv_pool_destroy(s->ref.pool);
-  pkv_pool_destroy(s->tgt.pool);
+static void close_pools(world *w) {
+  pkv_pool_destroy(w->ref.pool);
+  pkv_pool_destroy(w->tgt.pool);
   for (uint32_t i = 0; i < MAX_SEQS; i++) {
-    free(s->seqs[i].k);
-    free(s->seqs[i].v);
+    free(w->seqs[i].k);
+    free(w->seqs[i].v);
   }
 }
 
-static size_t copy_at(const scenario *s, const seq_copy *c, uint32_t layer, uint32_t pos) {
-  return ((size_t)layer * c->cap + pos) * s->row;
+static size_t copy_at(const world *w, const seq_copy *c, uint32_t layer, uint32_t pos) {
+  return ((size_t)layer * c->cap + pos) * w->row;
 }
 
 /* Room in the copy for `len` tokens of every layer. */
-static void reserve(scenario *s, seq_copy *c, uint32_t len) {
+static void reserve(world *w, seq_copy *c, uint32_t len) {
   if (len <= c->cap) return;
   uint32_t cap = c->cap ? c->cap : 16;
   while (cap < len) cap *= 2;
-  const size_t bytes = (size_t)s->desc.layers * cap * s->row * sizeof(float);
+  const size_t bytes = (size_t)w->desc.layers * cap * w->row * sizeof(float);
   float *k = pu_malloc(bytes), *v = pu_malloc(bytes);
-  for (uint32_t l = 0; l < s->desc.layers; l++)
+  for (uint32_t l = 0; l < w->desc.layers; l++)
     for (uint32_t p = 0; p < c->len; p++) {
-      memcpy(k + ((size_t)l * cap + p) * s->row, c->k + copy_at(s, c, l, p), s->row * sizeof(float));
-      memcpy(v + ((size_t)l * cap + p) * s->row, c->v + copy_at(s, c, l, p), s->row * sizeof(float));
+      memcpy(k + ((size_t)l * cap + p) * w->row, c->k + copy_at(w, c, l, p), w->row * sizeof(float));
+      memcpy(v + ((size_t)l * cap + p) * w->row, c->v + copy_at(w, c, l, p), w->row * sizeof(float));
     }
   free(c->k);
   free(c->v);
   c->k = k, c->v = v, c->cap = cap;
 }
 
-static int live_seqs(const scenario *s, uint32_t *idx) {
+static int live_seqs(const world *w, uint32_t *idx) {
   int n = 0;
   for (uint32_t i = 0; i < MAX_SEQS; i++)
-    if (s->seqs[i].live) idx[n++] = i;
+    if (w->seqs[i].live) idx[n++] = i;
   return n;
 }
 
-static int free_slot(const scenario *s) {
+static int free_slot(const world *w) {
   for (int i = 0; i < MAX_SEQS; i++)
-    if (!s->seqs[i].live) return i;
+    if (!w->seqs[i].live) return i;
   return -1;
 }
 
@@ -172,45 +184,45 @@ static int free_slot(const scenario *s) {
  * Engine calls
  * ------------------------------------------------------------------------------------------------- */
 
-static void op_alloc(scenario *s) {
-  const int i = free_slot(s);
+static void op_alloc(scenario *s, world *w) {
+  const int i = free_slot(w);
   if (i < 0) return;
-  pkv_status st = both(s, "pkv_seq_alloc", pkv_seq_alloc(s->ref.pool, &s->ref.seq[i]), pkv_seq_alloc(s->tgt.pool, &s->tgt.seq[i]));
+  pkv_status st = both(s, "pkv_seq_alloc", pkv_seq_alloc(w->ref.pool, &w->ref.seq[i]), pkv_seq_alloc(w->tgt.pool, &w->tgt.seq[i]));
   note(s, "    alloc -> #%d (%s)\n", i, pkv_status_string(st));
-  if (st == PKV_OK) s->seqs[i].live = 1, s->seqs[i].len = 0;
+  if (st == PKV_OK) w->seqs[i].live = 1, w->seqs[i].len = 0;
 }
 
-static void op_free(scenario *s, uint32_t i) {
+static void op_free(scenario *s, world *w, uint32_t i) {
   note(s, "    free #%u\n", i);
-  both(s, "pkv_seq_free", pkv_seq_free(s->ref.pool, s->ref.seq[i]), pkv_seq_free(s->tgt.pool, s->tgt.seq[i]));
-  s->seqs[i].live = 0;
+  both(s, "pkv_seq_free", pkv_seq_free(w->ref.pool, w->ref.seq[i]), pkv_seq_free(w->tgt.pool, w->tgt.seq[i]));
+  w->seqs[i].live = 0;
 }
 
-static void op_fork(scenario *s, uint32_t parent) {
-  const int i = free_slot(s);
+static void op_fork(scenario *s, world *w, uint32_t parent) {
+  const int i = free_slot(w);
   if (i < 0) return;
-  pkv_status st = both(s, "pkv_seq_fork", pkv_seq_fork(s->ref.pool, s->ref.seq[parent], &s->ref.seq[i]),
-                       pkv_seq_fork(s->tgt.pool, s->tgt.seq[parent], &s->tgt.seq[i]));
+  pkv_status st = both(s, "pkv_seq_fork", pkv_seq_fork(w->ref.pool, w->ref.seq[parent], &w->ref.seq[i]),
+                       pkv_seq_fork(w->tgt.pool, w->tgt.seq[parent], &w->tgt.seq[i]));
   note(s, "    fork #%u -> #%d (%s)\n", parent, i, pkv_status_string(st));
   if (st != PKV_OK) return;
-  seq_copy *c = &s->seqs[i], *p = &s->seqs[parent];
+  seq_copy *c = &w->seqs[i], *p = &w->seqs[parent];
   c->live = 1;
   c->len = 0;
-  reserve(s, c, p->len);
-  for (uint32_t l = 0; l < s->desc.layers && p->len; l++) {
-    memcpy(c->k + copy_at(s, c, l, 0), p->k + copy_at(s, p, l, 0), (size_t)p->len * s->row * sizeof(float));
-    memcpy(c->v + copy_at(s, c, l, 0), p->v + copy_at(s, p, l, 0), (size_t)p->len * s->row * sizeof(float));
+  reserve(w, c, p->len);
+  for (uint32_t l = 0; l < w->desc.layers && p->len; l++) {
+    memcpy(c->k + copy_at(w, c, l, 0), p->k + copy_at(w, p, l, 0), (size_t)p->len * w->row * sizeof(float));
+    memcpy(c->v + copy_at(w, c, l, 0), p->v + copy_at(w, p, l, 0), (size_t)p->len * w->row * sizeof(float));
   }
   c->len = p->len;
 }
 
-static void op_truncate(scenario *s, uint32_t i) {
-  const uint32_t to = tu_below(&s->rng, 4) ? s->seqs[i].len - tu_min_u32(s->seqs[i].len, 1 + tu_below(&s->rng, 9))
-                                           : tu_below(&s->rng, s->seqs[i].len + 1);
-  note(s, "    truncate #%u %u -> %u\n", i, s->seqs[i].len, to);
-  if (both(s, "pkv_seq_truncate", pkv_seq_truncate(s->ref.pool, s->ref.seq[i], to),
-           pkv_seq_truncate(s->tgt.pool, s->tgt.seq[i], to)) == PKV_OK)
-    s->seqs[i].len = to;
+static void op_truncate(scenario *s, world *w, uint32_t i) {
+  const uint32_t to = tu_below(&s->rng, 4) ? w->seqs[i].len - tu_min_u32(w->seqs[i].len, 1 + tu_below(&s->rng, 9))
+                                           : tu_below(&s->rng, w->seqs[i].len + 1);
+  note(s, "    truncate #%u %u -> %u\n", i, w->seqs[i].len, to);
+  if (both(s, "pkv_seq_truncate", pkv_seq_truncate(w->ref.pool, w->ref.seq[i], to),
+           pkv_seq_truncate(w->tgt.pool, w->tgt.seq[i], to)) == PKV_OK)
+    w->seqs[i].len = to;
 }
 
 /* One value of a row: uniform in [-1, 1] times the magnitude (and the token's own factor). */
@@ -218,49 +230,50 @@ static float draw(scenario *s, double magnitude) { return (float)(tu_uniform(&s-
 
 /* Appends n[j] tokens to sequences idx[j] and writes their rows in every layer (each layer's batch in
  * its own order, from a source format of its own). */
-static void op_append(scenario *s, const uint32_t *idx, const uint32_t *n, uint32_t count) {
+static pkv_status op_append(scenario *s, world *w, const uint32_t *idx, const uint32_t *n, uint32_t count) {
   pkv_seq rs[MAX_SEQS] = {{0}}, ts[MAX_SEQS] = {{0}};
   uint32_t order[MAX_SEQS], bn[MAX_SEQS];
   size_t total = 0;
-  for (uint32_t j = 0; j < count; j++) rs[j] = s->ref.seq[idx[j]], ts[j] = s->tgt.seq[idx[j]], total += n[j];
-  pkv_status st = both(s, "pkv_append", pkv_append(s->ref.pool, rs, n, count), pkv_append(s->tgt.pool, ts, n, count));
+  for (uint32_t j = 0; j < count; j++) rs[j] = w->ref.seq[idx[j]], ts[j] = w->tgt.seq[idx[j]], total += n[j];
+  pkv_status st = both(s, "pkv_append", pkv_append(w->ref.pool, rs, n, count), pkv_append(w->tgt.pool, ts, n, count));
   note(s, "    append");
   for (uint32_t j = 0; j < count; j++) note(s, " #%u+%u", idx[j], n[j]);
   note(s, " (%s)\n", pkv_status_string(st));
-  if (st != PKV_OK) return;
+  if (st != PKV_OK) return st;
   for (uint32_t j = 0; j < count; j++) {
-    reserve(s, &s->seqs[idx[j]], s->seqs[idx[j]].len + n[j]);
-    s->seqs[idx[j]].len += n[j];
+    reserve(w, &w->seqs[idx[j]], w->seqs[idx[j]].len + n[j]);
+    w->seqs[idx[j]].len += n[j];
   }
-  const size_t values = total * s->row;
+  const size_t values = total * w->row;
   void *kb = pu_malloc(values * 4), *vb = pu_malloc(values * 4);
-  for (uint32_t l = 0; l < s->desc.layers; l++) {
+  for (uint32_t l = 0; l < w->desc.layers; l++) {
     const pkv_format src = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
     for (uint32_t j = 0; j < count; j++) order[j] = j;
     tu_shuffle(&s->rng, order, count);
     size_t r = 0;
     for (uint32_t j = 0; j < count; j++) {
-      seq_copy *c = &s->seqs[idx[order[j]]];
-      rs[j] = s->ref.seq[idx[order[j]]], ts[j] = s->tgt.seq[idx[order[j]]], bn[j] = n[order[j]];
+      seq_copy *c = &w->seqs[idx[order[j]]];
+      rs[j] = w->ref.seq[idx[order[j]]], ts[j] = w->tgt.seq[idx[order[j]]], bn[j] = n[order[j]];
       for (uint32_t pos = c->len - bn[j]; pos < c->len; pos++, r++) {
-        const double fk = s->per_token ? log_uniform(&s->rng, 0.5, 2.0) : 1.0;
-        const double fv = s->per_token ? log_uniform(&s->rng, 1e-3, 1e1) : 1.0;
-        float *kept_k = c->k + copy_at(s, c, l, pos), *kept_v = c->v + copy_at(s, c, l, pos);
-        for (uint32_t e = 0; e < s->row; e++) {
-          tu_store(src, kb, r * s->row + e, draw(s, s->mk * fk));
-          tu_store(src, vb, r * s->row + e, draw(s, s->mv * fv));
-          kept_k[e] = tu_load(src, kb, r * s->row + e);
-          kept_v[e] = tu_load(src, vb, r * s->row + e);
+        const double fk = w->per_token ? log_uniform(&s->rng, 0.5, 2.0) : 1.0;
+        const double fv = w->per_token ? log_uniform(&s->rng, 1e-3, 1e1) : 1.0;
+        float *kept_k = c->k + copy_at(w, c, l, pos), *kept_v = c->v + copy_at(w, c, l, pos);
+        for (uint32_t e = 0; e < w->row; e++) {
+          tu_store(src, kb, r * w->row + e, draw(s, w->mk * fk));
+          tu_store(src, vb, r * w->row + e, draw(s, w->mv * fv));
+          kept_k[e] = tu_load(src, kb, r * w->row + e);
+          kept_v[e] = tu_load(src, vb, r * w->row + e);
         }
-        tu_round_trip(s->desc.k_format, kept_k, s->row, kept_k);
-        tu_round_trip(s->desc.v_format, kept_v, s->row, kept_v);
+        tu_round_trip(w->desc.k_format, kept_k, w->row, kept_k);
+        tu_round_trip(w->desc.v_format, kept_v, w->row, kept_v);
       }
     }
-    both(s, "pkv_write", pu_write(s->ref.pool, l, rs, bn, count, src, kb, vb),
-         pu_write(s->tgt.pool, l, ts, bn, count, src, kb, vb));
+    both(s, "pkv_write", pu_write(w->ref.pool, l, rs, bn, count, src, kb, vb),
+         pu_write(w->tgt.pool, l, ts, bn, count, src, kb, vb));
   }
   free(kb);
   free(vb);
+  return st;
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -281,17 +294,17 @@ typedef struct decode_call {
  * b the MMA's V operand (the F16 value, or the stored integer of Q8_0/Q4_0) and z the softmax sum.
  * BF16 V takes bf16 parts, whose range is float32's: no slack. The scales come back from the stored
  * values: the largest magnitude of a Q8_0 group is 127 d, of a Q4_0 group 8 d. */
-static void f16_weight_slack(const scenario *s, const double *q, const float *k, const float *v, uint32_t n,
+static void f16_weight_slack(const world *w, const double *q, const float *k, const float *v, uint32_t n,
                              double scale, double *slack) {
-  const uint32_t D = s->desc.head_dim;
-  const pkv_format vf = s->desc.v_format;
+  const uint32_t D = w->desc.head_dim;
+  const pkv_format vf = w->desc.v_format;
   const double levels = vf == PKV_FORMAT_Q8_0 ? 127.0 : vf == PKV_FORMAT_Q4_0 ? 8.0 : 0.0;
   for (uint32_t d = 0; d < D; d++) slack[d] = 0.0;
   if (vf != PKV_FORMAT_F16 && !levels) return;
   double *logit = pu_malloc((n ? n : 1) * sizeof *logit), z = 0.0;
-  const double top = oracle_logits(q, k, s->row, n, D, scale, logit);
+  const double top = oracle_logits(q, k, w->row, n, D, scale, logit);
   for (uint32_t t = 0; t < n; t++) {
-    const float *row = v + (size_t)t * s->row;
+    const float *row = v + (size_t)t * w->row;
     z += exp(logit[t] - top);
     for (uint32_t g = 0; g < D / 32; g++) {
       double most = 1.0; /* F16 V: the values themselves */
@@ -309,25 +322,25 @@ static void f16_weight_slack(const scenario *s, const double *q, const float *k,
 }
 
 /* Checks one side's results against the oracle; returns the worst error seen (relative to the bound). */
-static void check_side(scenario *s, const decode_call *c, const char *who, int gpu, const void *q, const void *out,
+static void check_side(scenario *s, world *w, const decode_call *c, const char *who, int gpu, const void *q, const void *out,
                        const float *lse, double *worst) {
-  const uint32_t D = s->desc.head_dim, T = c->q_tokens;
-  const oracle_tolerance tol = oracle_tolerance_for(s->desc.k_format);
-  const double scale = s->scale != 0.0f ? (double)s->scale : 1.0 / sqrt((double)D);
+  const uint32_t D = w->desc.head_dim, T = c->q_tokens;
+  const oracle_tolerance tol = oracle_tolerance_for(w->desc.k_format);
+  const double scale = w->scale != 0.0f ? (double)w->scale : 1.0 / sqrt((double)D);
   double *qd = pu_malloc(D * sizeof *qd), *ref = pu_malloc(D * sizeof *ref), *mag = pu_malloc(D * sizeof *mag),
          *slack = pu_malloc(D * sizeof *slack);
   for (uint32_t b = 0; b < c->count && !s->failed; b++) {
-    const seq_copy *sc = &s->seqs[c->idx[b]];
+    const seq_copy *sc = &w->seqs[c->idx[b]];
     for (uint32_t t = 0; t < T && !s->failed; t++)
       for (uint32_t h = 0; h < c->q_heads && !s->failed; h++) {
         const size_t row = ((size_t)b * T + t) * c->q_heads + h, o = row * D;
         const uint32_t visible = sc->len ? sc->len - T + t + 1 : 0;
         for (uint32_t d = 0; d < D; d++) qd[d] = tu_load(c->q_format, q, o + d);
-        const size_t kv = copy_at(s, sc, c->layer, 0) + (size_t)(h / s->group) * D;
+        const size_t kv = copy_at(w, sc, c->layer, 0) + (size_t)(h / w->group) * D;
         const float *keys = visible ? sc->k + kv : NULL, *values = visible ? sc->v + kv : NULL;
         double ref_lse;
-        oracle_attend(qd, keys, values, s->row, visible, D, scale, ref, mag, &ref_lse);
-        if (gpu) f16_weight_slack(s, qd, keys, values, visible, scale, slack);
+        oracle_attend(qd, keys, values, w->row, visible, D, scale, ref, mag, &ref_lse);
+        if (gpu) f16_weight_slack(w, qd, keys, values, visible, scale, slack);
         else memset(slack, 0, D * sizeof *slack);
         double size = 0.0, err = 0.0;
         for (uint32_t d = 0; d < D; d++) size = fmax(size, fmax(fabs(ref[d]), mag[d]));
@@ -338,7 +351,7 @@ static void check_side(scenario *s, const decode_call *c, const char *who, int g
           if (isnan(got) || (visible == 0 && got != 0.0)) err = INFINITY;
         }
         /* float32 arithmetic errs relative to the logits' terms: the bounds hold up to 8 */
-        const double logits = oracle_logit_magnitude(qd, keys, s->row, visible, D, scale);
+        const double logits = oracle_logit_magnitude(qd, keys, w->row, visible, D, scale);
         const double widen = fmax(1.0, logits / 8.0);
         const double bound = tol.out_rel * widen + oracle_out_rounding(c->out_format);
         if (!(err <= bound))
@@ -357,67 +370,96 @@ static void check_side(scenario *s, const decode_call *c, const char *who, int g
   free(slack);
 }
 
-static pkv_status run_decode(const scenario *s, const side *d, const decode_call *c, const void *q, void *out,
+static pkv_status run_decode(const world *w, const side *d, const decode_call *c, const void *q, void *out,
                              float *lse, size_t rows) {
   pkv_seq seqs[MAX_SEQS];
   for (uint32_t b = 0; b < c->count; b++) seqs[b] = d->seq[c->idx[b]];
   for (size_t i = 0; i < rows; i++) lse[i] = NAN;
   pkv_decode_args a = pu_decode_args(c->layer, seqs, c->count, c->q_heads, q, out, c->with_lse ? lse : NULL);
   a.q_tokens = c->q_tokens;
-  a.scale = s->scale;
+  a.scale = w->scale;
   a.q_format = c->q_format;
   a.out_format = c->out_format;
   a.chunk_pages = c->chunk_pages;
   return pkv_decode(d->pool, &a);
 }
 
-static void decode(scenario *s, const decode_call *call, double *worst);
+static void decode(scenario *s, world *w, const decode_call *call, double *worst);
 
-/* A decode of a random part of the batch with random arguments. */
-static void op_decode(scenario *s, double *worst) {
+/* The rest of a decode's arguments, drawn: layer, chunking, q and out formats, lse. */
+static void draw_call_args(scenario *s, world *w, decode_call *c) {
+  static const uint32_t chunkings[] = {0, 0, 0, 1, 2, 3, 33, UINT32_MAX};
+  c->layer = tu_below(&s->rng, w->desc.layers);
+  c->q_heads = w->desc.kv_heads * w->group;
+  c->chunk_pages = chunkings[tu_below(&s->rng, TU_COUNT(chunkings))];
+  c->q_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
+  c->out_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
+  c->with_lse = tu_below(&s->rng, 4) != 0;
+}
+
+/* A decode of a random part of the batch with random arguments; in a quarter of them sequences are
+ * drawn with replacement, so a batch may name one several times. */
+static void op_decode(scenario *s, world *w, double *worst) {
   uint32_t live[MAX_SEQS];
-  const uint32_t n_live = (uint32_t)live_seqs(s, live);
+  const uint32_t n_live = (uint32_t)live_seqs(w, live);
+  if (!n_live) return;
+  decode_call c;
+  memset(&c, 0, sizeof c);
+  if (tu_below(&s->rng, 4) == 0) {
+    c.count = 1 + tu_below(&s->rng, MAX_SEQS);
+    for (uint32_t b = 0; b < c.count; b++) c.idx[b] = live[tu_below(&s->rng, n_live)];
+  } else {
+    tu_shuffle(&s->rng, live, n_live);
+    c.count = 1 + tu_below(&s->rng, n_live);
+    memcpy(c.idx, live, c.count * sizeof *live);
+  }
+  uint32_t shortest = 8;
+  for (uint32_t b = 0; b < c.count; b++)
+    if (w->seqs[c.idx[b]].len) shortest = tu_min_u32(shortest, w->seqs[c.idx[b]].len);
+  c.q_tokens = 1 + tu_below(&s->rng, shortest);
+  draw_call_args(s, w, &c);
+  decode(s, w, &c, worst);
+}
+
+/* An engine's speculative step: 1-8 new tokens appended to part of the batch, written, and decoded
+ * at once as that many query tokens. */
+static void op_step(scenario *s, world *w, double *worst) {
+  uint32_t live[MAX_SEQS], n[MAX_SEQS];
+  const uint32_t n_live = (uint32_t)live_seqs(w, live);
   if (!n_live) return;
   decode_call c;
   memset(&c, 0, sizeof c);
   tu_shuffle(&s->rng, live, n_live);
   c.count = 1 + tu_below(&s->rng, n_live);
+  c.q_tokens = 1 + tu_below(&s->rng, 8);
   memcpy(c.idx, live, c.count * sizeof *live);
-  uint32_t shortest = 8;
-  for (uint32_t b = 0; b < c.count; b++)
-    if (s->seqs[c.idx[b]].len) shortest = tu_min_u32(shortest, s->seqs[c.idx[b]].len);
-  c.q_tokens = 1 + tu_below(&s->rng, shortest);
-  c.layer = tu_below(&s->rng, s->desc.layers);
-  c.q_heads = s->desc.kv_heads * s->group;
-  static const uint32_t chunkings[] = {0, 0, 0, 1, 2, 3, 33, UINT32_MAX};
-  c.chunk_pages = chunkings[tu_below(&s->rng, TU_COUNT(chunkings))];
-  c.q_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
-  c.out_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
-  c.with_lse = tu_below(&s->rng, 4) != 0;
-  decode(s, &c, worst);
+  for (uint32_t b = 0; b < c.count; b++) n[b] = c.q_tokens;
+  if (op_append(s, w, c.idx, n, c.count) != PKV_OK) return; /* refused alike by both: the pool is full */
+  draw_call_args(s, w, &c);
+  decode(s, w, &c, worst);
 }
 
 /* Decodes the call on both pools and checks both. */
-static void decode(scenario *s, const decode_call *call, double *worst) {
+static void decode(scenario *s, world *w, const decode_call *call, double *worst) {
   const decode_call c = *call;
   note(s, "    decode layer %u T=%u q=%s out=%s chunk_pages %u lse %d:", c.layer, c.q_tokens, pkv_format_name(c.q_format),
        pkv_format_name(c.out_format), c.chunk_pages, c.with_lse);
-  for (uint32_t b = 0; b < c.count; b++) note(s, " #%u(%u)", c.idx[b], s->seqs[c.idx[b]].len);
+  for (uint32_t b = 0; b < c.count; b++) note(s, " #%u(%u)", c.idx[b], w->seqs[c.idx[b]].len);
   note(s, "\n");
 
-  const size_t rows = (size_t)c.count * c.q_tokens * c.q_heads, values = rows * s->desc.head_dim;
+  const size_t rows = (size_t)c.count * c.q_tokens * c.q_heads, values = rows * w->desc.head_dim;
   void *q = pu_malloc(values * 4), *out_ref = pu_malloc(values * 4), *out_tgt = pu_malloc(values * 4);
   float *lse_ref = pu_malloc(rows * sizeof(float)), *lse_tgt = pu_malloc(rows * sizeof(float));
   for (size_t i = 0; i < values; i++) {
-    tu_store(c.q_format, q, i, draw(s, s->mq));
+    tu_store(c.q_format, q, i, draw(s, w->mq));
     tu_store(c.out_format, out_ref, i, NAN);
     tu_store(c.out_format, out_tgt, i, NAN);
   }
-  pkv_status st = both(s, "pkv_decode", run_decode(s, &s->ref, &c, q, out_ref, lse_ref, rows),
-                       run_decode(s, &s->tgt, &c, q, out_tgt, lse_tgt, rows));
+  pkv_status st = both(s, "pkv_decode", run_decode(w, &w->ref, &c, q, out_ref, lse_ref, rows),
+                       run_decode(w, &w->tgt, &c, q, out_tgt, lse_tgt, rows));
   if (st == PKV_OK) {
-    check_side(s, &c, "the CPU reference", 0, q, out_ref, c.with_lse ? lse_ref : NULL, worst);
-    check_side(s, &c, "the backend under test", !g_target_is_cpu, q, out_tgt, c.with_lse ? lse_tgt : NULL, worst);
+    check_side(s, w, &c, "the CPU reference", 0, q, out_ref, c.with_lse ? lse_ref : NULL, worst);
+    check_side(s, w, &c, "the backend under test", !g_target_is_cpu, q, out_tgt, c.with_lse ? lse_tgt : NULL, worst);
   } else if (!s->failed) {
     failure(s, "pkv_decode failed on both: %s (%s)", pkv_status_string(st), pkv_last_error());
   }
@@ -435,11 +477,11 @@ static void decode(scenario *s, const decode_call *call, double *worst) {
 /* Draws the pool and the values' magnitudes. The softmax scale keeps the logits' spread (their
  * standard deviation, mq mk sqrt(head_dim) / 3 before scaling) at 0.1-8 for float K and 0.1-1 for
  * quantized K, which oracle_tolerance_for assumes, whatever the magnitudes. */
-static void draw_scenario(scenario *s) {
+static void draw_scenario(scenario *s, world *w) {
   tu_rng *r = &s->rng;
   static const uint32_t head_dims[] = {32, 64, 64, 128, 128, 128, 256, 256};
   static const uint32_t page_sizes[] = {1, 2, 4, 8, 16, 16, 32, 64, 256, 1024};
-  pkv_pool_desc *d = &s->desc;
+  pkv_pool_desc *d = &w->desc;
   *d = (pkv_pool_desc)PKV_POOL_DESC_INIT;
   d->layers = 1 + tu_below(r, 3);
   d->head_dim = head_dims[tu_below(r, TU_COUNT(head_dims))];
@@ -449,66 +491,87 @@ static void draw_scenario(scenario *s) {
   d->v_format = page_formats[tu_below(r, TU_COUNT(page_formats))];
   d->max_sequences = tu_below(r, 2) ? MAX_SEQS : 256; /* the plan buffer's layout follows it */
   d->page_order_seed = 1 + tu_below(r, 1000000);
-  s->group = 1 + tu_below(r, 8);
-  s->row = d->kv_heads * d->head_dim;
+  w->group = 1 + tu_below(r, 8);
+  w->row = d->kv_heads * d->head_dim;
   /* Tokens the pool holds: a few thousand, fewer for wide rows (the oracle's time). */
-  const uint32_t tokens = log_int(r, 64, s->row * d->layers > 2048 ? 3000 : 8000);
+  const uint32_t tokens = log_int(r, 64, w->row * d->layers > 2048 ? 3000 : 8000);
   d->pages = (tokens + d->page_size - 1) / d->page_size + 2 * MAX_SEQS;
-  s->max_step = log_int(r, 1, tokens / 2 + 1);
+  w->max_step = log_int(r, 1, tokens / 2 + 1);
   if (tu_below(r, 4) == 0) {
-    s->mk = s->mv = s->mq = 1.0;
-    s->scale = 0.0f;
+    w->mk = w->mv = w->mq = 1.0;
+    w->scale = 0.0f;
   } else {
-    s->mk = log_uniform(r, 1e-3, 1e3);
-    s->mv = log_uniform(r, 1e-6, 1e3);
-    s->mq = log_uniform(r, 1e-2, 1e2);
+    w->mk = log_uniform(r, 1e-3, 1e3);
+    w->mv = log_uniform(r, 1e-6, 1e3);
+    w->mq = log_uniform(r, 1e-2, 1e2);
     const int quantized = d->k_format == PKV_FORMAT_Q8_0 || d->k_format == PKV_FORMAT_Q4_0;
     const double spread = log_uniform(r, 0.1, quantized ? 1.0 : 8.0);
-    s->scale = (float)(spread / (s->mq * s->mk * sqrt((double)d->head_dim) / 3.0));
+    w->scale = (float)(spread / (w->mq * w->mk * sqrt((double)d->head_dim) / 3.0));
   }
-  s->per_token = tu_below(r, 4) == 0;
+  w->per_token = tu_below(r, 4) == 0;
+}
+
+/* One call of the scenario on world w. */
+static void scenario_call(scenario *s, world *w, uint32_t k, double *worst) {
+  uint32_t live[MAX_SEQS];
+  const uint32_t n_live = (uint32_t)live_seqs(w, live);
+  const uint32_t pick = n_live ? live[tu_below(&s->rng, n_live)] : 0;
+  const uint32_t what = k == 0 ? 0 : tu_below(&s->rng, 18);
+  if (what < 5 && n_live) { /* ragged append to a random part of the batch */
+    uint32_t idx[MAX_SEQS], n[MAX_SEQS], count = 0;
+    tu_shuffle(&s->rng, live, n_live);
+    for (uint32_t j = 0; j < n_live; j++)
+      if (j == 0 || tu_below(&s->rng, 2)) idx[count] = live[j], n[count++] = log_int(&s->rng, 1, w->max_step);
+    op_append(s, w, idx, n, count);
+  } else if (what < 6) {
+    op_alloc(s, w);
+  } else if (what < 7 && n_live) {
+    op_fork(s, w, pick);
+  } else if (what < 8 && n_live && w->seqs[pick].len) {
+    op_truncate(s, w, pick);
+  } else if (what < 9 && n_live > 1) {
+    op_free(s, w, pick);
+  } else if (what < 11) {
+    op_step(s, w, worst);
+  } else {
+    op_decode(s, w, worst);
+  }
 }
 
 static void run_scenario(scenario *s, double *worst) {
-  draw_scenario(s);
-  const pkv_pool_desc *d = &s->desc;
-  note(s, "    pool: layers %u kv_heads %u q_heads %u head_dim %u page_size %u pages %u k %s v %s; magnitudes k %.3g v %.3g "
-       "q %.3g%s, scale %.6g, appends up to %u\n", d->layers, d->kv_heads, d->kv_heads * s->group, d->head_dim,
-       d->page_size, d->pages, pkv_format_name(d->k_format), pkv_format_name(d->v_format), s->mk, s->mv, s->mq,
-       s->per_token ? " (per token)" : "", (double)s->scale, s->max_step);
-  const pkv_status st = open_pools(s);
-  if (st != PKV_OK) {
-    failure(s, "pkv_pool_create: %s (%s)", pkv_status_string(st), pkv_last_error());
-    return;
-  }
-  /* A prompt for a few sequences, then engine calls. */
-  for (uint32_t i = 0, n = 1 + tu_below(&s->rng, 6); i < n; i++) op_alloc(s);
-  const uint32_t calls = 6 + tu_below(&s->rng, 20);
-  for (uint32_t k = 0; k < calls && !s->failed; k++) {
-    uint32_t live[MAX_SEQS];
-    const uint32_t n_live = (uint32_t)live_seqs(s, live);
-    const uint32_t pick = n_live ? live[tu_below(&s->rng, n_live)] : 0;
-    const uint32_t what = k == 0 ? 0 : tu_below(&s->rng, 16);
-    if (what < 5 && n_live) { /* ragged append to a random part of the batch */
-      uint32_t idx[MAX_SEQS], n[MAX_SEQS], count = 0;
-      tu_shuffle(&s->rng, live, n_live);
-      for (uint32_t j = 0; j < n_live; j++)
-        if (j == 0 || tu_below(&s->rng, 2)) idx[count] = live[j], n[count++] = log_int(&s->rng, 1, s->max_step);
-      op_append(s, idx, n, count);
-    } else if (what < 6) {
-      op_alloc(s);
-    } else if (what < 7 && n_live) {
-      op_fork(s, pick);
-    } else if (what < 8 && n_live && s->seqs[pick].len) {
-      op_truncate(s, pick);
-    } else if (what < 9 && n_live > 1) {
-      op_free(s, pick);
-    } else {
-      op_decode(s, worst);
+  s->n_worlds = tu_below(&s->rng, 3) == 0 ? 2 : 1;
+  for (uint32_t i = 0; i < s->n_worlds; i++) {
+    world *w = &s->worlds[i];
+    draw_scenario(s, w);
+    const pkv_pool_desc *d = &w->desc;
+    note(s, "    pool %u: layers %u kv_heads %u q_heads %u head_dim %u page_size %u pages %u max_sequences %u k %s v %s; "
+         "magnitudes k %.3g v %.3g q %.3g%s, scale %.6g, appends up to %u\n", i, d->layers, d->kv_heads,
+         d->kv_heads * w->group, d->head_dim, d->page_size, d->pages, d->max_sequences, pkv_format_name(d->k_format),
+         pkv_format_name(d->v_format), w->mk, w->mv, w->mq, w->per_token ? " (per token)" : "", (double)w->scale,
+         w->max_step);
+    const pkv_status st = open_pools(w);
+    if (st != PKV_OK) {
+      failure(s, "pkv_pool_create: %s (%s)", pkv_status_string(st), pkv_last_error());
+      s->n_worlds = i;
+      break;
     }
+    /* A prompt for a few sequences. */
+    for (uint32_t j = 0, n = 1 + tu_below(&s->rng, 6); j < n; j++) op_alloc(s, w);
   }
-  if (!s->failed) op_decode(s, worst);
-  close_pools(s);
+  /* Engine calls, each on a world drawn at random; its first call appends. */
+  uint32_t calls_made[2] = {0, 0}, current = UINT32_MAX;
+  const uint32_t calls = (6 + tu_below(&s->rng, 20)) * s->n_worlds;
+  for (uint32_t k = 0; k < calls && !s->failed; k++) {
+    const uint32_t i = tu_below(&s->rng, s->n_worlds);
+    if (s->n_worlds > 1 && i != current) note(s, "  pool %u:\n", i);
+    current = i;
+    scenario_call(s, &s->worlds[i], calls_made[i]++, worst);
+  }
+  for (uint32_t i = 0; i < s->n_worlds && !s->failed; i++) {
+    if (s->n_worlds > 1) note(s, "  pool %u:\n", i);
+    op_decode(s, &s->worlds[i], worst);
+  }
+  for (uint32_t i = 0; i < s->n_worlds; i++) close_pools(&s->worlds[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -550,41 +613,41 @@ static const fixed_scenario fixed[] = {
      {0}},
 };
 
-static void fixed_decode_run(scenario *s, const fixed_decode *f, double *worst) {
+static void fixed_decode_run(scenario *s, world *w, const fixed_decode *f, double *worst) {
   if (!f->count || s->failed) return;
   decode_call c;
   memset(&c, 0, sizeof c);
   c.layer = f->layer, c.q_tokens = f->q_tokens, c.chunk_pages = f->chunk_pages, c.count = f->count;
-  c.q_heads = s->desc.kv_heads * s->group;
+  c.q_heads = w->desc.kv_heads * w->group;
   c.q_format = f->q_format, c.out_format = f->out_format, c.with_lse = 1;
   memcpy(c.idx, f->idx, sizeof c.idx);
-  decode(s, &c, worst);
+  decode(s, w, &c, worst);
 }
 
-static void run_fixed(scenario *s, const fixed_scenario *f, double *worst) {
-  pkv_pool_desc *d = &s->desc;
+static void run_fixed(scenario *s, world *w, const fixed_scenario *f, double *worst) {
+  pkv_pool_desc *d = &w->desc;
   *d = (pkv_pool_desc)PKV_POOL_DESC_INIT;
   d->layers = f->layers, d->kv_heads = f->kv_heads, d->head_dim = f->head_dim, d->page_size = f->page_size;
   d->pages = f->pages, d->k_format = f->k, d->v_format = f->v, d->page_order_seed = 1 + tu_below(&s->rng, 1000);
-  s->group = f->group, s->row = f->kv_heads * f->head_dim;
-  s->mk = s->mv = s->mq = 1.0;
+  w->group = f->group, w->row = f->kv_heads * f->head_dim;
+  w->mk = w->mv = w->mq = 1.0;
   note(s, "    fixed scenario: %s\n", f->name);
-  const pkv_status st = open_pools(s);
+  const pkv_status st = open_pools(w);
   if (st != PKV_OK) {
     failure(s, "pkv_pool_create: %s (%s)", pkv_status_string(st), pkv_last_error());
     return;
   }
   uint32_t idx[MAX_SEQS], n[MAX_SEQS], count = 0;
   for (uint32_t i = 0; i < f->n; i++) {
-    op_alloc(s);
+    op_alloc(s, w);
     if (f->prompt[i]) idx[count] = i, n[count++] = f->prompt[i];
   }
-  op_append(s, idx, n, count);
-  fixed_decode_run(s, &f->before, worst);
+  op_append(s, w, idx, n, count);
+  fixed_decode_run(s, w, &f->before, worst);
   for (uint32_t j = 0; j < f->step_n; j++) n[j] = f->step_tokens;
-  if (f->step_n && !s->failed) op_append(s, f->step, n, f->step_n);
-  fixed_decode_run(s, &f->after, worst);
-  close_pools(s);
+  if (f->step_n && !s->failed) op_append(s, w, f->step, n, f->step_n);
+  fixed_decode_run(s, w, &f->after, worst);
+  close_pools(w);
 }
 
 static uint64_t env_u64(const char *name, uint64_t fallback) {
@@ -629,7 +692,7 @@ int main(void) {
     s->index = i;
     s->rng = tu_rng_stream(g_seed, i);
     s->verbose = only && *only;
-    if (i < TU_COUNT(fixed)) run_fixed(s, &fixed[i], &worst);
+    if (i < TU_COUNT(fixed)) run_fixed(s, &s->worlds[0], &fixed[i], &worst);
     else run_scenario(s, &worst);
     ran++;
     failed += s->failed != 0;
