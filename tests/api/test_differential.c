@@ -126,13 +126,15 @@ static pkv_status both(scenario *s, const char *what, pkv_status a, pkv_status b
  * pool on each. */
 static pkv_context *g_ref_ctx, *g_tgt_ctx;
 
-static pkv_status open_pools(world *w) {
+/* Opens the world's pools; a failure is the scenario's, with the library's text. */
+static pkv_status open_pools(scenario *s, world *w) {
   pkv_status st = pkv_pool_create(g_ref_ctx, &w->desc, &w->ref.pool);
-  if (st != PKV_OK) return st;
-  st = pkv_pool_create(g_tgt_ctx, &w->desc, &w->tgt.pool);
-  if (st != PKV_OK) {
+  if (st == PKV_OK && (st = pkv_pool_create(g_tgt_ctx, &w->desc, &w->tgt.pool)) != PKV_OK) {
+    failure(s, "pkv_pool_create on the backend under test: %s (%s)", pkv_status_string(st), pkv_last_error());
     pkv_pool_destroy(w->ref.pool);
     w->ref.pool = NULL;
+  } else if (st != PKV_OK) {
+    failure(s, "pkv_pool_create on the CPU reference: %s (%s)", pkv_status_string(st), pkv_last_error());
   }
   return st;
 }
@@ -287,13 +289,15 @@ typedef struct decode_call {
   int with_lse;
 } decode_call;
 
-/* The GPU tensor-core decode (docs/testing.md) carries each token's softmax weight P_t (relative to
- * the running maximum, at most 1) into the P V products in f16 parts: times the token's V group scale
- * for Q8_0/Q4_0 V, as it is for F16 V. Where a part falls in f16's subnormal range it is held to a
- * multiple of 2^-24, so output d may err by up to 2^-24 sum_t |b_td| / z beyond the relative bound,
- * b the MMA's V operand (the F16 value, or the stored integer of Q8_0/Q4_0) and z the softmax sum.
- * BF16 V takes bf16 parts, whose range is float32's: no slack. The scales come back from the stored
- * values: the largest magnitude of a Q8_0 group is 127 d, of a Q4_0 group 8 d. */
+/* The GPU tensor-core decode (docs/testing.md) carries each token's softmax weight P_t into the P V
+ * products in f16 parts: times the token's V group scale for Q8_0/Q4_0 V, as it is for F16 V. Where
+ * a part falls in f16's subnormal range it is held to a multiple of 2^-24: each of a token's (at
+ * most two) parts errs by up to 2^-25. The weights are relative to a base that may lie up to one
+ * (log2 units, kMaxSlack) above the largest logit, so the kernel's softmax sum is at least z / 2:
+ * output d may err by up to 2^-23 sum_t |b_td| / z beyond the relative bound, b the MMA's V operand
+ * (the F16 value, or the stored integer of Q8_0/Q4_0) and z the softmax sum. BF16 V takes bf16
+ * parts, whose range is float32's: no slack. The scales come back from the stored values: the
+ * largest magnitude of a Q8_0 group is 127 d, of a Q4_0 group 8 d. */
 static void f16_weight_slack(const world *w, const double *q, const float *k, const float *v, uint32_t n,
                              double scale, double *slack) {
   const uint32_t D = w->desc.head_dim;
@@ -314,7 +318,7 @@ static void f16_weight_slack(const world *w, const double *q, const float *k, co
         if (most == 0.0) continue;
         most /= levels;
       }
-      for (uint32_t d = 32 * g; d < 32 * g + 32; d++) slack[d] += ldexp(1.0, -24) * fabs((double)row[d]) / most;
+      for (uint32_t d = 32 * g; d < 32 * g + 32; d++) slack[d] += ldexp(1.0, -23) * fabs((double)row[d]) / most;
     }
   }
   for (uint32_t d = 0; d < D; d++) slack[d] /= z > 0.0 ? z : 1.0;
@@ -549,9 +553,7 @@ static void run_scenario(scenario *s, double *worst) {
          d->kv_heads * w->group, d->head_dim, d->page_size, d->pages, d->max_sequences, pkv_format_name(d->k_format),
          pkv_format_name(d->v_format), w->mk, w->mv, w->mq, w->per_token ? " (per token)" : "", (double)w->scale,
          w->max_step);
-    const pkv_status st = open_pools(w);
-    if (st != PKV_OK) {
-      failure(s, "pkv_pool_create: %s (%s)", pkv_status_string(st), pkv_last_error());
+    if (open_pools(s, w) != PKV_OK) {
       s->n_worlds = i;
       break;
     }
@@ -632,11 +634,7 @@ static void run_fixed(scenario *s, world *w, const fixed_scenario *f, double *wo
   w->group = f->group, w->row = f->kv_heads * f->head_dim;
   w->mk = w->mv = w->mq = 1.0;
   note(s, "    fixed scenario: %s\n", f->name);
-  const pkv_status st = open_pools(w);
-  if (st != PKV_OK) {
-    failure(s, "pkv_pool_create: %s (%s)", pkv_status_string(st), pkv_last_error());
-    return;
-  }
+  if (open_pools(s, w) != PKV_OK) return;
   uint32_t idx[MAX_SEQS], n[MAX_SEQS], count = 0;
   for (uint32_t i = 0; i < f->n; i++) {
     op_alloc(s, w);
