@@ -7,6 +7,9 @@
 #include "../kernels/kernel_params.h"
 #include "../error.hpp"
 #include "decode_policy.hpp"
+#if defined(PKV_FAULT_INJECTION) && PKV_FAULT_INJECTION
+#include "fault_device.hpp"
+#endif
 #include "kernel_choice.hpp"
 #include "plan_buffer.hpp"
 #include "runtime.hpp"
@@ -384,6 +387,9 @@ class GpuBackend final : public Backend {
 } // namespace
 
 std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream) {
+#if defined(PKV_FAULT_INJECTION) && PKV_FAULT_INJECTION
+  device = gpu::with_faults(std::move(device)); // every runtime call a gpu_call point
+#endif
   return std::make_unique<GpuBackend>(std::move(device), stream);
 }
 
