@@ -330,8 +330,10 @@ class GpuBackend final : public Backend {
     if (buf.ptr) dev_->free(buf.ptr);
   }
 
+  // A device short of memory says so; any other refusal is the image's.
   void load_module(const unsigned char *image, Module *module) {
     const Call c = dev_->module_load(module, image);
+    if (c.result == kOutOfMemory) rt_.check(c, " (kernels)");
     if (c.result != kSuccess)
       fail(PKV_ERR_UNSUPPORTED, "the kernels (built for %s) do not load on this device (%s): %s", dev_->images().targets,
            dev_->identity().c_str(), dev_->describe(c.result).c_str());
