@@ -64,9 +64,15 @@ KernelChoice::KernelChoice(const Runtime &rt, const DecodePolicy &policy, Module
     fail(PKV_ERR_UNSUPPORTED, "%s: the tensor-core decode kernels are CUDA-only; the %s backend has the CUDA-core "
          "and generic ones", policy.tensor_core_switch.c_str(), rt.dev->name());
   best_ = policy.family_set ? policy.family : tensor_core ? KernelFamily::tensor_core : KernelFamily::cuda_core;
-  Function group = nullptr;
-  group_tiles_ = policy.tiles == TileSet::all && tensor_core &&
-                 rt.dev->function(&group, tensor_core, "pkv_decode_mmag_128_5_5_3").result == kSuccess;
+  // The image lacks the group tile's kernels where it has no sm_90a code; any other failure to look
+  // one up is the device's, and reported.
+  group_tiles_ = false;
+  if (policy.tiles == TileSet::all && tensor_core) {
+    Function group = nullptr;
+    const Call c = rt.dev->function(&group, tensor_core, "pkv_decode_mmag_128_5_5_3");
+    if (c.result != kNotFound) rt.check(c, " pkv_decode_mmag_128_5_5_3");
+    group_tiles_ = c.result == kSuccess;
+  }
   for (int nv = 1; nv <= 8; nv++)
     generic_functions_[nv - 1] = rt.function(generic, ("pkv_decode_partial_" + std::to_string(nv)).c_str());
 }
