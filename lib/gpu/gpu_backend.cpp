@@ -125,11 +125,9 @@ class GpuBackend final : public Backend {
 
   void release(DevPtr ptr) noexcept override {
     if (!ptr) return;
-    int token = 0;
-    if (dev_->enter(&token).result != kSuccess) return;
+    CurrentForCleanup current(dev_.get());
     dev_->stream_synchronize(rt_.stream); // the memory may still be read by queued work
     dev_->free(ptr);
-    dev_->leave(token);
   }
 
   void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) override {
@@ -362,8 +360,7 @@ class GpuBackend final : public Backend {
   // Everything the backend made, in the device's context; the device itself is released after
   // (dev_ is destroyed last).
   void teardown() noexcept {
-    int token = 0;
-    if (dev_->enter(&token).result != kSuccess) return;
+    CurrentForCleanup current(dev_.get());
     if (rt_.stream) dev_->stream_synchronize(rt_.stream);
     for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_})
       if (b->ptr) dev_->free(b->ptr);
@@ -371,7 +368,6 @@ class GpuBackend final : public Backend {
     for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_})
       if (m) dev_->module_unload(m);
     if (own_stream_) dev_->stream_destroy(rt_.stream);
-    dev_->leave(token);
   }
 
   std::unique_ptr<Device> dev_;
