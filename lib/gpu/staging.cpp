@@ -6,9 +6,15 @@
 namespace pkv {
 namespace gpu {
 
+// The bytes between pieces are zeroed, so an upload sends the same bytes on every run, nothing left
+// in the pinned buffer by an earlier one.
 void Upload::copy_into(uint8_t *dst) const {
-  for (const Piece &p : pieces_)
-    if (p.bytes) std::memcpy(dst + p.offset, p.src, p.bytes);
+  uint64_t end = 0;
+  for (const Piece &p : pieces_) {
+    if (p.offset > end) std::memset(dst + end, 0, size_t(p.offset - end));
+    if (p.bytes) std::memcpy(dst + p.offset, p.src, size_t(p.bytes));
+    end = std::max(end, p.offset + p.bytes);
+  }
 }
 
 void Staging::start() {

@@ -20,7 +20,7 @@ class Upload {
     place(align16(total_), src, bytes);
     return pieces_.back().offset;
   }
-  // At a given offset (16-byte aligned; the bytes between pieces are left as they are).
+  // At a given offset (16-byte aligned; the bytes between pieces in offset order are sent as zeros).
   void place(uint64_t offset, const void *src, uint64_t bytes) {
     pieces_.push_back({src, bytes, offset});
     if (offset + bytes > total_) total_ = offset + bytes;

@@ -144,11 +144,7 @@ Call FakeDevice::copy_to_device(DevPtr dst, const void *src, size_t bytes, pkv::
   queued_++;
   record("copy to %llu: %zu bytes, hash %016llx", (unsigned long long)(dst - std::prev(memory_.upper_bound(dst))->first),
          bytes, (unsigned long long)fnv1a(src, bytes));
-  // Pinned memory a copy has taken holds the pattern again: the host rewrites what it sends.
-  if (from) {
-    from->read_by = queued_;
-    std::memset(const_cast<void *>(src), kPinnedPattern, bytes);
-  }
+  if (from) from->read_by = queued_;
   return ok("copy_to_device");
 }
 Call FakeDevice::copy_to_host(void *dst, DevPtr src, size_t bytes, pkv::gpu::Stream) {

@@ -39,8 +39,7 @@ struct FakeLedger {
   enum Thing { device_memory, pinned_memory, stream, event, module, kThings };
   int64_t live[kThings] = {};
   // While `recording`: every copy to the device (where in its allocation, bytes, a hash of them) and
-  // launch (kernel name and shape), in order; pinned memory reads as a fixed pattern once a copy has
-  // taken it, so the bytes between an upload's pieces are the same on every run.
+  // launch (kernel name and shape), in order.
   bool recording = false;
   FakeVector<FakeString> writes;
 
