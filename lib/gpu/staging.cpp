@@ -63,9 +63,16 @@ bool Staging::grow_kept(DeviceBuffer *buf, uint64_t bytes) {
   return true;
 }
 
+void Staging::settle() {
+  if (!unsettled_) return;
+  rt_.check(rt_.dev->stream_synchronize(rt_.stream));
+  unsettled_ = false;
+}
+
 // Two pinned buffers take turns, so the host waits only when the transfer before last is still going.
 DevPtr Staging::send(const Upload &up, DevPtr dst) {
   if (up.total() == 0) return 0;
+  settle();
   HostStage &h = stages_[next_stage_];
   next_stage_ = 1 - next_stage_;
   if (h.pending) rt_.check(rt_.dev->event_synchronize(h.sent));
@@ -77,7 +84,9 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
   }
   up.copy_into(static_cast<uint8_t *>(h.buffer.ptr));
   rt_.check(rt_.dev->copy_to_device(dst, h.buffer.ptr, size_t(up.total()), rt_.stream));
+  unsettled_ = true;
   rt_.check(rt_.dev->event_record(h.sent, rt_.stream));
+  unsettled_ = false;
   h.pending = true;
   return dst;
 }
@@ -85,9 +94,12 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
 // Into the caller's pageable memory the runtime would stage each copy itself: a decode with
 // host-memory results took two such copies.
 const uint8_t *Staging::receive(DevPtr src, uint64_t bytes) {
+  settle();
   ensure_pinned(&download_, bytes);
   rt_.check(rt_.dev->copy_to_host(download_.ptr, src, size_t(bytes), rt_.stream));
+  unsettled_ = true;
   rt_.check(rt_.dev->stream_synchronize(rt_.stream));
+  unsettled_ = false;
   return static_cast<const uint8_t *>(download_.ptr);
 }
 

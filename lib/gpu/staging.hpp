@@ -77,8 +77,13 @@ class Staging {
     bool pending = false;
   };
   void ensure_pinned(PinnedBuffer *buf, uint64_t bytes);
+  // Waits for the stream where a transfer's own wait failed (unsettled_).
+  void settle();
 
   const Runtime &rt_;
+  // A transfer through pinned memory was queued but neither its event recorded nor waited for: until
+  // the stream is, no pinned buffer may be rewritten or freed.
+  bool unsettled_ = false;
   HostStage stages_[2];
   unsigned next_stage_ = 0;
   PinnedBuffer download_; // receive's
