@@ -234,8 +234,11 @@ class GpuBackend final : public Backend {
     if (upload) put_plan(g, b);
     staging_.grow_kept(&part_out_, part_rows * g.head_dim * 4);
     staging_.grow_kept(&part_lse_, part_rows * 4);
-    if (staging_.grow_kept(&counters_, counters * 4))
+    if (staging_.grow_kept(&counters_, counters * 4)) counters_zero_ = false;
+    if (!counters_zero_) { // a new buffer; the kernels leave it zero after that
       rt_.check(dev_->fill32(counters_.ptr, 0, size_t(counters_.bytes / 4), rt_.stream));
+      counters_zero_ = true;
+    }
 
     Upload up;
     const uint64_t q_at = host ? up.add(b.q, q_bytes) : 0;
@@ -380,6 +383,7 @@ class GpuBackend final : public Backend {
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
   DeviceBuffer part_out_, part_lse_, counters_, decode_out_, rows_out_;
+  bool counters_zero_ = true; // counters_ has been filled with zeros (false from its growth until then)
 };
 
 } // namespace
