@@ -4,9 +4,10 @@
 // and walks N over every point a call reaches (tests/internal/test_faults.cpp). In other builds fails() is a
 // constant false and costs nothing.
 //
-// Points today: every operator new and the CPU backend's page memory (host_alloc), every worker
-// thread (thread). A GPU runtime's function table can add its calls as gpu_call points by asking
-// fails(Kind::gpu_call) before each call and answering the runtime's out-of-memory code.
+// Points: every operator new and the CPU backend's page memory (host_alloc), every worker thread
+// (thread), and every GPU runtime call that may fail at run time (gpu_call: lib/gpu/fault_device.hpp
+// asks before each call of either vendor's runtime and answers its out-of-memory code, 2; calls that
+// release never fail).
 #pragma once
 
 #include <cstdint>

@@ -235,7 +235,8 @@ void pkv_pool::append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count
       std::lock_guard<std::mutex> device(ctx_->mu);
       ctx_->backend->copy_pages(geometry_, copies.data(), uint32_t(copies.size()));
     } catch (...) {
-      for (uint32_t p : fresh) pages_.release(p);
+      // Last taken, first given back: the free list is as it was, so a retry takes the same pages.
+      for (auto p = fresh.rbegin(); p != fresh.rend(); ++p) pages_.release(*p);
       throw;
     }
   }

@@ -15,7 +15,8 @@ namespace {
 using namespace cu;
 using gpu::Call;
 
-static_assert(CUDA_SUCCESS == gpu::kSuccess && CUDA_ERROR_OUT_OF_MEMORY == gpu::kOutOfMemory,
+static_assert(CUDA_SUCCESS == gpu::kSuccess && CUDA_ERROR_OUT_OF_MEMORY == gpu::kOutOfMemory &&
+                  CUDA_ERROR_NOT_FOUND == gpu::kNotFound,
               "the GPU backend reads CUDA's results by these numbers");
 static_assert(CU_STREAM_CAPTURE_STATUS_NONE == 0, "the GPU backend reads 0 as not capturing");
 

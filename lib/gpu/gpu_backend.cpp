@@ -7,6 +7,9 @@
 #include "../kernels/kernel_params.h"
 #include "../error.hpp"
 #include "decode_policy.hpp"
+#if defined(PKV_FAULT_INJECTION) && PKV_FAULT_INJECTION
+#include "fault_device.hpp"
+#endif
 #include "kernel_choice.hpp"
 #include "plan_buffer.hpp"
 #include "runtime.hpp"
@@ -122,11 +125,9 @@ class GpuBackend final : public Backend {
 
   void release(DevPtr ptr) noexcept override {
     if (!ptr) return;
-    int token = 0;
-    if (dev_->enter(&token).result != kSuccess) return;
+    CurrentForCleanup current(dev_.get());
     dev_->stream_synchronize(rt_.stream); // the memory may still be read by queued work
     dev_->free(ptr);
-    dev_->leave(token);
   }
 
   void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) override {
@@ -233,8 +234,11 @@ class GpuBackend final : public Backend {
     if (upload) put_plan(g, b);
     staging_.grow_kept(&part_out_, part_rows * g.head_dim * 4);
     staging_.grow_kept(&part_lse_, part_rows * 4);
-    if (staging_.grow_kept(&counters_, counters * 4))
+    if (staging_.grow_kept(&counters_, counters * 4)) counters_zero_ = false;
+    if (!counters_zero_) { // a new buffer; the kernels leave it zero after that
       rt_.check(dev_->fill32(counters_.ptr, 0, size_t(counters_.bytes / 4), rt_.stream));
+      counters_zero_ = true;
+    }
 
     Upload up;
     const uint64_t q_at = host ? up.add(b.q, q_bytes) : 0;
@@ -327,8 +331,10 @@ class GpuBackend final : public Backend {
     if (buf.ptr) dev_->free(buf.ptr);
   }
 
+  // A device short of memory says so; any other refusal is the image's.
   void load_module(const unsigned char *image, Module *module) {
     const Call c = dev_->module_load(module, image);
+    if (c.result == kOutOfMemory) rt_.check(c, " (kernels)");
     if (c.result != kSuccess)
       fail(PKV_ERR_UNSUPPORTED, "the kernels (built for %s) do not load on this device (%s): %s", dev_->images().targets,
            dev_->identity().c_str(), dev_->describe(c.result).c_str());
@@ -357,8 +363,7 @@ class GpuBackend final : public Backend {
   // Everything the backend made, in the device's context; the device itself is released after
   // (dev_ is destroyed last).
   void teardown() noexcept {
-    int token = 0;
-    if (dev_->enter(&token).result != kSuccess) return;
+    CurrentForCleanup current(dev_.get());
     if (rt_.stream) dev_->stream_synchronize(rt_.stream);
     for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_})
       if (b->ptr) dev_->free(b->ptr);
@@ -366,7 +371,6 @@ class GpuBackend final : public Backend {
     for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_})
       if (m) dev_->module_unload(m);
     if (own_stream_) dev_->stream_destroy(rt_.stream);
-    dev_->leave(token);
   }
 
   std::unique_ptr<Device> dev_;
@@ -379,11 +383,15 @@ class GpuBackend final : public Backend {
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function read_bandwidth_ = nullptr;
   DeviceBuffer part_out_, part_lse_, counters_, decode_out_, rows_out_;
+  bool counters_zero_ = true; // counters_ has been filled with zeros (false from its growth until then)
 };
 
 } // namespace
 
 std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream) {
+#if defined(PKV_FAULT_INJECTION) && PKV_FAULT_INJECTION
+  device = gpu::with_faults(std::move(device)); // every runtime call a gpu_call point
+#endif
   return std::make_unique<GpuBackend>(std::move(device), stream);
 }
 

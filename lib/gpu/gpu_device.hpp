@@ -22,14 +22,15 @@ using Module = struct Module_ *;
 using Function = struct Function_ *;
 
 // What a runtime call answered, and the call's name for messages. Both runtimes number results
-// alike where the backend looks: 0 is success, 2 out of memory; a stream's capture status 0 is
-// "not capturing".
+// alike where the backend looks: 0 is success, 2 out of memory, 500 a name a module lacks; a
+// stream's capture status 0 is "not capturing".
 struct Call {
   int result;
   const char *name;
 };
 constexpr int kSuccess = 0;
 constexpr int kOutOfMemory = 2;
+constexpr int kNotFound = 500;
 
 enum class Attribute { multiprocessors, warp_size };
 

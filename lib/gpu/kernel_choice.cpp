@@ -64,9 +64,15 @@ KernelChoice::KernelChoice(const Runtime &rt, const DecodePolicy &policy, Module
     fail(PKV_ERR_UNSUPPORTED, "%s: the tensor-core decode kernels are CUDA-only; the %s backend has the CUDA-core "
          "and generic ones", policy.tensor_core_switch.c_str(), rt.dev->name());
   best_ = policy.family_set ? policy.family : tensor_core ? KernelFamily::tensor_core : KernelFamily::cuda_core;
-  Function group = nullptr;
-  group_tiles_ = policy.tiles == TileSet::all && tensor_core &&
-                 rt.dev->function(&group, tensor_core, "pkv_decode_mmag_128_5_5_3").result == kSuccess;
+  // The image lacks the group tile's kernels where it has no sm_90a code; any other failure to look
+  // one up is the device's, and reported.
+  group_tiles_ = false;
+  if (policy.tiles == TileSet::all && tensor_core) {
+    Function group = nullptr;
+    const Call c = rt.dev->function(&group, tensor_core, "pkv_decode_mmag_128_5_5_3");
+    if (c.result != kNotFound) rt.check(c, " pkv_decode_mmag_128_5_5_3");
+    group_tiles_ = c.result == kSuccess;
+  }
   for (int nv = 1; nv <= 8; nv++)
     generic_functions_[nv - 1] = rt.function(generic, ("pkv_decode_partial_" + std::to_string(nv)).c_str());
 }
@@ -92,11 +98,14 @@ Function KernelChoice::cuda_core_function(const PoolGeometry &g) {
 
 // The tensor-core kernel of a tile kind for the pool, looked up once: the most stages whose largest
 // block (two wide row tiles, one narrow) fits the device's shared memory, pkv_mma_stages, else
-// pkv_mma_fewer_stages; none when neither fits.
+// pkv_mma_fewer_stages; none when neither fits. Kept only once every call for it succeeded, so a
+// failed one is made again by the next call, not taken for a kernel that does not fit.
 Function KernelChoice::tensor_core_function(const PoolGeometry &g, Tile tile) {
   const unsigned d = g.head_dim / 128, kf = g.k.format - PKV_FORMAT_F16, vf = g.v.format - PKV_FORMAT_F16;
-  Function &fn = tensor_core_functions_[tile][d][kf][vf];
-  if (fn) return fn;
+  Function &kept = tensor_core_functions_[tile][d][kf][vf];
+  if (kept) return kept;
+  Function fn = nullptr;
+  uint8_t fitting = 0;
   const std::string formats =
       std::to_string(g.head_dim) + "_" + std::to_string(int(g.k.format)) + "_" + std::to_string(int(g.v.format));
   const Shape largest{tile, tile != kWide ? 1u : 2u};
@@ -109,12 +118,14 @@ Function KernelChoice::tensor_core_function(const PoolGeometry &g, Tile tile) {
     const unsigned bytes = largest.shared_bytes(g, stages);
     if (fits_shared_memory(fn, bytes, name)) {
       rt_.check(rt_.dev->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
-      stages_[tile][d][kf][vf] = uint8_t(stages);
+      fitting = uint8_t(stages);
       if (tile == kNarrow1 && stages == 3 && four_block_variant(g))
         if (Function four = four_block_function(name + "_4blocks", bytes)) fn = four;
       break;
     }
   }
+  stages_[tile][d][kf][vf] = fitting;
+  kept = fn;
   return fn;
 }
 

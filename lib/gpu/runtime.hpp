@@ -36,6 +36,24 @@ struct Runtime {
   }
 };
 
+// Makes the device current on this thread for a scope of cleanup, which cannot fail: where the device
+// cannot be made current, what the scope releases is released all the same (both runtimes free
+// memory, modules, streams and events by their handles), since keeping it would be a certain leak.
+class CurrentForCleanup {
+ public:
+  explicit CurrentForCleanup(Device *dev) noexcept : dev_(dev), entered_(dev->enter(&token_).result == kSuccess) {}
+  ~CurrentForCleanup() {
+    if (entered_) dev_->leave(token_);
+  }
+  CurrentForCleanup(const CurrentForCleanup &) = delete;
+  CurrentForCleanup &operator=(const CurrentForCleanup &) = delete;
+
+ private:
+  Device *dev_;
+  int token_ = 0;
+  bool entered_;
+};
+
 // Makes the device current on this thread for the scope.
 class Current {
  public:

@@ -6,9 +6,15 @@
 namespace pkv {
 namespace gpu {
 
+// The bytes between pieces are zeroed, so an upload sends the same bytes on every run, nothing left
+// in the pinned buffer by an earlier one.
 void Upload::copy_into(uint8_t *dst) const {
-  for (const Piece &p : pieces_)
-    if (p.bytes) std::memcpy(dst + p.offset, p.src, p.bytes);
+  uint64_t end = 0;
+  for (const Piece &p : pieces_) {
+    if (p.offset > end) std::memset(dst + end, 0, size_t(p.offset - end));
+    if (p.bytes) std::memcpy(dst + p.offset, p.src, size_t(p.bytes));
+    end = std::max(end, p.offset + p.bytes);
+  }
 }
 
 void Staging::start() {
@@ -57,9 +63,16 @@ bool Staging::grow_kept(DeviceBuffer *buf, uint64_t bytes) {
   return true;
 }
 
+void Staging::settle() {
+  if (!unsettled_) return;
+  rt_.check(rt_.dev->stream_synchronize(rt_.stream));
+  unsettled_ = false;
+}
+
 // Two pinned buffers take turns, so the host waits only when the transfer before last is still going.
 DevPtr Staging::send(const Upload &up, DevPtr dst) {
   if (up.total() == 0) return 0;
+  settle();
   HostStage &h = stages_[next_stage_];
   next_stage_ = 1 - next_stage_;
   if (h.pending) rt_.check(rt_.dev->event_synchronize(h.sent));
@@ -71,7 +84,9 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
   }
   up.copy_into(static_cast<uint8_t *>(h.buffer.ptr));
   rt_.check(rt_.dev->copy_to_device(dst, h.buffer.ptr, size_t(up.total()), rt_.stream));
+  unsettled_ = true;
   rt_.check(rt_.dev->event_record(h.sent, rt_.stream));
+  unsettled_ = false;
   h.pending = true;
   return dst;
 }
@@ -79,9 +94,12 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
 // Into the caller's pageable memory the runtime would stage each copy itself: a decode with
 // host-memory results took two such copies.
 const uint8_t *Staging::receive(DevPtr src, uint64_t bytes) {
+  settle();
   ensure_pinned(&download_, bytes);
   rt_.check(rt_.dev->copy_to_host(download_.ptr, src, size_t(bytes), rt_.stream));
+  unsettled_ = true;
   rt_.check(rt_.dev->stream_synchronize(rt_.stream));
+  unsettled_ = false;
   return static_cast<const uint8_t *>(download_.ptr);
 }
 

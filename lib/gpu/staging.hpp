@@ -20,7 +20,7 @@ class Upload {
     place(align16(total_), src, bytes);
     return pieces_.back().offset;
   }
-  // At a given offset (16-byte aligned; the bytes between pieces are left as they are).
+  // At a given offset (16-byte aligned; the bytes between pieces in offset order are sent as zeros).
   void place(uint64_t offset, const void *src, uint64_t bytes) {
     pieces_.push_back({src, bytes, offset});
     if (offset + bytes > total_) total_ = offset + bytes;
@@ -77,8 +77,13 @@ class Staging {
     bool pending = false;
   };
   void ensure_pinned(PinnedBuffer *buf, uint64_t bytes);
+  // Waits for the stream where a transfer's own wait failed (unsettled_).
+  void settle();
 
   const Runtime &rt_;
+  // A transfer through pinned memory was queued but neither its event recorded nor waited for: until
+  // the stream is, no pinned buffer may be rewritten or freed.
+  bool unsettled_ = false;
   HostStage stages_[2];
   unsigned next_stage_ = 0;
   PinnedBuffer download_; // receive's

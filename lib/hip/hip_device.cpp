@@ -15,7 +15,8 @@ namespace {
 using namespace hip;
 using gpu::Call;
 
-static_assert(hipSuccess == gpu::kSuccess && hipErrorOutOfMemory == gpu::kOutOfMemory,
+static_assert(hipSuccess == gpu::kSuccess && hipErrorOutOfMemory == gpu::kOutOfMemory &&
+                  hipErrorNotFound == gpu::kNotFound,
               "the GPU backend reads HIP's results by these numbers");
 static_assert(hipStreamCaptureStatusNone == 0, "the GPU backend reads 0 as not capturing");
 

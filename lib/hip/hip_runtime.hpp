@@ -24,6 +24,7 @@ constexpr hipError_t hipErrorOutOfMemory = 2;
 constexpr hipError_t hipErrorNoDevice = 100;
 constexpr hipError_t hipErrorInvalidImage = 200;
 constexpr hipError_t hipErrorNoBinaryForGpu = 209;
+constexpr hipError_t hipErrorNotFound = 500;
 constexpr hipError_t hipErrorNotReady = 600;
 
 // hipDeviceAttribute_t values as ROCm 5 numbers them (CUDA-compatible attributes in alphabetical

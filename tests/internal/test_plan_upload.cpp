@@ -9,14 +9,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 // The library's headers first: cmocka's fail() macro would rename pkv::fail.
 #include "error.hpp"
+#include "fake_device.hpp"
 #include "gpu/gpu_backend.hpp"
 #include "kernels/kernel_params.h"
 #include "plan.hpp"
@@ -35,106 +34,6 @@ extern "C" {
 namespace {
 
 using namespace pkv;
-using gpu::Call;
-
-// An H200-like device whose memory is host memory: copies land at once, launches do nothing.
-class FakeDevice final : public gpu::Device, public gpu::TensorCores {
- public:
-  // The allocation holding [p, p + bytes), or null.
-  uint8_t *at(DevPtr p, uint64_t bytes) {
-    auto it = memory_.upper_bound(p);
-    if (it == memory_.begin()) return nullptr;
-    --it;
-    const uint64_t offset = p - it->first;
-    return offset + bytes <= it->second.size() ? it->second.data() + offset : nullptr;
-  }
-
-  pkv_backend kind() const override { return PKV_BACKEND_CUDA; }
-  const char *name() const override { return "fake"; }
-  const gpu::Images &images() const override { return images_; }
-  gpu::TensorCores *tensor_cores() override { return this; }
-  std::string describe(int result) const override { return "fake error " + std::to_string(result); }
-  std::string identity() const override { return "a stand-in device"; }
-
-  Call enter(int *token) override { return *token = 0, ok("enter"); }
-  void leave(int) noexcept override {}
-  Call attribute(gpu::Attribute a, int *value) override {
-    *value = a == gpu::Attribute::multiprocessors ? 132 : 32;
-    return ok("attribute");
-  }
-
-  Call stream_create(gpu::Stream *s) override { return *s = handle<gpu::Stream>(), ok("stream_create"); }
-  Call stream_destroy(gpu::Stream) override { return ok("stream_destroy"); }
-  Call stream_synchronize(gpu::Stream) override { return ok("stream_synchronize"); }
-  Call stream_capture_status(gpu::Stream, int *status) override { return *status = 0, ok("capture_status"); }
-  Call event_create(gpu::Event *e, bool) override { return *e = handle<gpu::Event>(), ok("event_create"); }
-  Call event_destroy(gpu::Event) override { return ok("event_destroy"); }
-  Call event_record(gpu::Event, gpu::Stream) override { return ok("event_record"); }
-  Call event_synchronize(gpu::Event) override { return ok("event_synchronize"); }
-  Call event_elapsed_ms(float *ms, gpu::Event, gpu::Event) override { return *ms = 1.0f, ok("event_elapsed"); }
-
-  Call alloc(DevPtr *ptr, size_t bytes) override {
-    *ptr = next_;
-    memory_[next_].assign(bytes, 0xa5);
-    next_ += (bytes + 0xffff) / 0x10000 * 0x10000 + 0x10000; // a gap: overruns hit no neighbour
-    return ok("alloc");
-  }
-  Call free(DevPtr ptr) override { return memory_.erase(ptr) ? ok("free") : Call{1, "free"}; }
-  Call host_alloc(void **ptr, size_t bytes) override {
-    host_.emplace_back(bytes);
-    *ptr = host_.back().data();
-    return ok("host_alloc");
-  }
-  Call host_free(void *) override { return ok("host_free"); }
-  Call copy_to_device(DevPtr dst, const void *src, size_t bytes, gpu::Stream) override {
-    uint8_t *d = at(dst, bytes);
-    if (!d) return Call{1, "copy_to_device (past the end of its allocation)"};
-    std::memcpy(d, src, bytes);
-    return ok("copy_to_device");
-  }
-  Call copy_to_host(void *dst, DevPtr src, size_t bytes, gpu::Stream) override {
-    const uint8_t *s = at(src, bytes);
-    if (!s) return Call{1, "copy_to_host (past the end of its allocation)"};
-    std::memcpy(dst, s, bytes);
-    return ok("copy_to_host");
-  }
-  Call fill32(DevPtr dst, uint32_t value, size_t count, gpu::Stream) override {
-    uint8_t *d = at(dst, count * 4);
-    if (!d) return Call{1, "fill32 (past the end of its allocation)"};
-    for (size_t i = 0; i < count; i++) std::memcpy(d + 4 * i, &value, 4);
-    return ok("fill32");
-  }
-
-  Call module_load(gpu::Module *m, const void *) override { return *m = handle<gpu::Module>(), ok("module_load"); }
-  Call module_unload(gpu::Module) override { return ok("module_unload"); }
-  Call function(gpu::Function *f, gpu::Module, const char *) override {
-    return *f = handle<gpu::Function>(), ok("function");
-  }
-  Call launch(gpu::Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, gpu::Stream,
-              void **) override {
-    return ok("launch");
-  }
-
-  // sm_90's: 227 KB a block, 228 KB and 2048 threads a multiprocessor.
-  Call set_shared_limit(gpu::Function, int) override { return ok("set_shared_limit"); }
-  Call shared_per_block(int *bytes) override { return *bytes = 227 * 1024, ok("shared_per_block"); }
-  Call static_shared(gpu::Function, int *bytes) override { return *bytes = 0, ok("static_shared"); }
-  Call occupancy(int *blocks, gpu::Function, int threads, size_t shared_bytes) override {
-    *blocks = int(std::min<size_t>(228 * 1024 / (shared_bytes + 1024), size_t(2048 / threads)));
-    return ok("occupancy");
-  }
-
- private:
-  static Call ok(const char *what) { return Call{gpu::kSuccess, what}; }
-  template <class H> H handle() { return reinterpret_cast<H>(++handles_); }
-
-  static constexpr unsigned char image_[1] = {0};
-  gpu::Images images_{image_, image_, image_, image_, "fake"};
-  std::map<DevPtr, std::vector<uint8_t>> memory_;
-  std::deque<std::vector<uint8_t>> host_;
-  DevPtr next_ = 0x10000000;
-  uintptr_t handles_ = 0x1000;
-};
 
 constexpr uint32_t kMaxSequences = 16, kPageSize = 16, kMaxTokens = 128 * 1024;
 
