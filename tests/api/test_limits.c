@@ -222,44 +222,61 @@ static void live_pool_limit(void **state) {
 }
 
 /* One sequence: token 0's logit is `gap` above every other token's (q . k with scale 1), every V
- * row 1.0, so the exact output is 1.0 in every element and lse = log(e^gap + n - 1). */
-static void dominant_token(uint32_t tokens, double gap, uint32_t chunk_pages) {
-  pkv_pool_desc d = pu_desc(1, 1, 32, 16, (tokens + 15) / 16, 1, PKV_FORMAT_F32, PKV_FORMAT_F32);
+ * row 1.0, so the exact output is 1.0 in every element and lse = log(e^gap + n - 1), gap as the
+ * page format stores it. F32 pages at head_dim 32 take a GPU's generic kernel, F16 and BF16 at 128
+ * its tensor-core one (and the CUDA-core one where the tensor-core kernels are absent). Each must keep
+ * float K's documented bound; F32 pages ten times tighter. */
+static void dominant_token(uint32_t tokens, double gap, uint32_t chunk_pages, uint32_t head_dim, pkv_format format) {
+  pkv_pool_desc d = pu_desc(1, 1, head_dim, 16, (tokens + 15) / 16, 1, format, format);
   pkv_context *ctx;
   pkv_pool *pool;
   pu_open(&d, &ctx, &pool);
   pkv_seq s;
   assert_int_equal(pkv_seq_alloc(pool, &s), PKV_OK);
   assert_int_equal(pkv_append(pool, &s, &tokens, 1), PKV_OK);
-  float *k = calloc((size_t)tokens * 32, sizeof *k), *v = malloc((size_t)tokens * 32 * sizeof *v);
+  const size_t values = (size_t)tokens * head_dim;
+  float *k = calloc(values, sizeof *k), *v = malloc(values * sizeof *v), *q = calloc(head_dim, sizeof *q),
+        *out = malloc(head_dim * sizeof *out);
   assert_non_null(k);
   assert_non_null(v);
-  for (size_t i = 0; i < (size_t)tokens * 32; i++) v[i] = 1.0f;
+  assert_non_null(q);
+  assert_non_null(out);
+  for (size_t i = 0; i < values; i++) v[i] = 1.0f;
   k[0] = (float)gap;
+  tu_round_trip(format, k, 1, k);
+  gap = k[0];
+  q[0] = 1.0f;
   assert_int_equal(pu_write(pool, 0, &s, &tokens, 1, PKV_FORMAT_F32, k, v), PKV_OK);
-  float q[32] = {1.0f}, out[32], lse;
+  float lse;
   pkv_decode_args a = pu_decode_args(0, &s, 1, 1, q, out, &lse);
   a.scale = 1.0f;
   a.chunk_pages = chunk_pages;
   assert_int_equal(pkv_decode(pool, &a), PKV_OK);
   double worst = 0.0;
-  for (int i = 0; i < 32; i++) worst = fmax(worst, fabs(out[i] - 1.0));
+  for (uint32_t i = 0; i < head_dim; i++) worst = fmax(worst, fabs(out[i] - 1.0));
   const double want_lse = gap + log1p((tokens - 1) * exp(-gap));
-  print_message("    %u tokens, gap %.2f, chunk_pages %u: out error %.3g, lse error %.3g\n", tokens, gap, chunk_pages,
-                worst, fabs(lse - want_lse));
-  if (worst > 1e-5) fail_msg("output off by %.3g from 1.0 (the documented bound for F32 pages is 1e-4)", worst);
+  print_message("    %s, head_dim %u, %u tokens, gap %.4f, chunk_pages %u: out error %.3g, lse error %.3g\n",
+                pkv_format_name(format), head_dim, tokens, gap, chunk_pages, worst, fabs(lse - want_lse));
+  const double bound = format == PKV_FORMAT_F32 ? 1e-5 : 1e-4;
+  if (worst > bound) fail_msg("output off by %.3g from 1.0 (bound %.0e)", worst, bound);
   if (fabs(lse - want_lse) > 1e-4) fail_msg("lse %.7f, want %.7f", (double)lse, want_lse);
   free(k);
   free(v);
+  free(q);
+  free(out);
   pu_close(ctx, pool);
 }
 
 static void dominant_token_numerics(void **state) {
   (void)state;
-  dominant_token(4096, 16.65, UINT32_MAX);
-  dominant_token(16384, 17.0, UINT32_MAX);
-  dominant_token(16384, 17.0, 0);
-  dominant_token(16384, 17.0, 4);
+  static const pkv_format formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16};
+  for (size_t f = 0; f < sizeof formats / sizeof *formats; f++) {
+    const uint32_t head_dim = formats[f] == PKV_FORMAT_F32 ? 32 : 128;
+    dominant_token(4096, 16.65, UINT32_MAX, head_dim, formats[f]);
+    dominant_token(16384, 17.0, UINT32_MAX, head_dim, formats[f]);
+    dominant_token(16384, 17.0, 0, head_dim, formats[f]);
+    dominant_token(16384, 17.0, 4, head_dim, formats[f]);
+  }
 }
 
 int main(void) {
