@@ -299,9 +299,13 @@ class Context:
         self.close()
 
     def __del__(self) -> None:
+        # Each pool holds its context, so a collected context's open pools are unreachable too (a
+        # reference cycle the collector frees in any order): they are closed first, so the context
+        # and its device memory are not left behind.
         try:
-            if self._ptr and not any(p._ptr for p in self._pools):
-                self.close()
+            for p in self._pools:
+                p.close()
+            self.close()
         except Exception:
             pass
 

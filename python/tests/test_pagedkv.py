@@ -197,6 +197,13 @@ def test_library_not_found_says_how_to_point_at_it(tmp_path):
     assert "PAGEDKV_LIBRARY" in text and "libpagedkv.so" in text
 
 
+def test_collected_context_closes_its_pools_and_itself():
+    ctx = pagedkv.Context("cpu")
+    pool = ctx.pool(layers=1, kv_heads=1, head_dim=32, pages=4)
+    ctx.__del__()  # what the collector does with a context and pool that only refer to each other
+    assert not pool._ptr and not ctx._ptr
+
+
 def test_backends_lists_the_cpu():
     cpu = [b for b in pagedkv.backends() if b.backend == pagedkv.Backend.CPU][0]
     assert cpu.compiled and cpu.device_count == 1
