@@ -9,6 +9,7 @@
 //    merge kernel (decode_generic.cu), so unsplit batches need no second launch.
 #include <math.h>
 
+#include "compensated_sum.cuh"
 #include "device_format.cuh"
 
 using namespace pkv_dev;
@@ -84,14 +85,16 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
   const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + g;
   const uint32_t visible = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq] - p.q_tokens + tok + 1;
 
-  float q[VEC], acc[VEC];
+  // l and acc take each tile's sums with compensation (compensated_sum.cuh): a tile's few weights
+  // add plainly, the running sums carry what each tile's addition lost.
+  float q[VEC], acc[VEC], acc_lost[VEC];
   const float q_scale = p.scale * kLog2e; // scores in log2 units
 #pragma unroll
   for (int j = 0; j < VEC; j++) {
     q[j] = head_valid ? load_io(p.q_format, reinterpret_cast<const void *>(p.q), head * D + x * VEC + j) * q_scale : 0.0f;
-    acc[j] = 0.0f;
+    acc[j] = acc_lost[j] = 0.0f;
   }
-  float m = -INFINITY, l = 0.0f;
+  float m = -INFINITY, l = 0.0f, l_lost = 0.0f;
 
   const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) +
                           uint64_t(reinterpret_cast<const uint32_t *>(p.seq_slots)[c.seq]) * pool.table_stride;
@@ -155,19 +158,20 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
     const float m_new = fmaxf(m, tile_max);
     if (m_new != -INFINITY) {
       const float correction = exp2f(m - m_new);
-      l *= correction;
-#pragma unroll
-      for (int j = 0; j < VEC; j++) acc[j] *= correction;
+      float tile_l = 0.0f, tile_acc[VEC] = {};
 #pragma unroll
       for (int i = 0; i < TT; i++) {
         if (s[i] == -INFINITY) continue; // past the chunk: its stage bytes are stale
         const float w = exp2f(s[i] - m_new);
         float v[VEC];
         load8<VF, D>(stage + tile_tokens * KRow::stride + (z + BDZ * i) * VRow::stride, x, v);
-        l += w;
+        tile_l += w;
 #pragma unroll
-        for (int j = 0; j < VEC; j++) acc[j] += w * v[j];
+        for (int j = 0; j < VEC; j++) tile_acc[j] += w * v[j];
       }
+      compensated_step(l, l_lost, correction, tile_l);
+#pragma unroll
+      for (int j = 0; j < VEC; j++) compensated_step(acc[j], acc_lost[j], correction, tile_acc[j]);
       m = m_new;
     }
     __syncthreads(); // the stage is refilled next
@@ -179,10 +183,10 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
   float *sm_acc = reinterpret_cast<float *>(smem);           // [BDZ][BDY][D]
   float *sm_ml = sm_acc + size_t(BDZ) * BDY * D;             // [BDZ][BDY][2]
 #pragma unroll
-  for (int j = 0; j < VEC; j++) sm_acc[(size_t(z) * BDY + y) * D + x * VEC + j] = acc[j];
+  for (int j = 0; j < VEC; j++) sm_acc[(size_t(z) * BDY + y) * D + x * VEC + j] = acc[j] - acc_lost[j];
   if (x == 0) {
     sm_ml[(z * BDY + y) * 2] = m;
-    sm_ml[(z * BDY + y) * 2 + 1] = l;
+    sm_ml[(z * BDY + y) * 2 + 1] = l - l_lost;
   }
   __syncthreads();
   if (z != 0 || !head_valid) return;

@@ -5,6 +5,7 @@
 // also serves the specialised kernels of decode_cuda_core.cu.
 #include <math.h>
 
+#include "compensated_sum.cuh"
 #include "device_format.cuh"
 
 using namespace pkv_dev;
@@ -19,14 +20,6 @@ __device__ __forceinline__ float warp_sum(float x) {
 // Block: PKV_DECODE_WARPS warps take the chunk's tokens in turn; lane l holds dims l, l + 32, ... of
 // every row, which for Q8_0/Q4_0 is element l of each 32-value group. Grid: (chunk, KV head, tile of
 // up to PKV_HEAD_TILE query heads). NV = head_dim / 32.
-// sum = sum * scale + add, with `lost` the rounding loss carried from step to step (Kahan). Rounded
-// step by step (no fused multiply-add), so that `lost` is exactly what the sum dropped.
-__device__ inline void compensated_step(float &sum, float &lost, float scale, float add) {
-  const float scaled = __fmul_rn(sum, scale), y = __fsub_rn(add, __fmul_rn(lost, scale));
-  sum = __fadd_rn(scaled, y);
-  lost = __fsub_rn(__fsub_rn(sum, scaled), y);
-}
-
 template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   constexpr int T = PKV_HEAD_TILE, W = PKV_DECODE_WARPS, D = NV * 32;
   __shared__ float sm_m[W][T], sm_l[W][T];
