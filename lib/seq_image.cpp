@@ -29,10 +29,17 @@ uint32_t get32(const uint8_t *p) {
   for (int i = 0; i < 4; i++) x |= uint32_t(p[i]) << (8 * i);
   return x;
 }
+// A little-endian host (every one pagedkv builds for) loads the word as it is.
 uint64_t get64(const uint8_t *p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  return x;
+#else
   uint64_t x = 0;
   for (int i = 0; i < 8; i++) x |= uint64_t(p[i]) << (8 * i);
   return x;
+#endif
 }
 
 uint64_t header_checksum(const uint8_t *h) { return image_checksum(h, kImagePayloadChecksumAt, 0); }
