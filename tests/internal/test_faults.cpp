@@ -248,9 +248,10 @@ constexpr size_t kDecodeOut = 4 * kQTokens * kQHeads * (kHeadDim + 1) * sizeof(f
 // The image of the written sequence (10 tokens, 3 pages of both layers) fits in this many bytes.
 constexpr size_t kImageBytes = 16384;
 
-pkv_export_args export_of(World &w, void *image) {
+pkv_export_args export_of(World &w, void *image, pkv_memory memory = PKV_MEMORY_HOST) {
   pkv_export_args a = PKV_EXPORT_ARGS_INIT;
   a.seq = w.a;
+  a.memory = memory;
   a.image = image;
   a.image_bytes = kImageBytes;
   return a;
@@ -261,6 +262,23 @@ void image_of_a(World &w) {
   w.k.assign(kImageBytes / sizeof(float), 0.0f);
   const pkv_export_args a = export_of(w, w.k.data());
   ok(pkv_seq_export(w.pool, &a), "export");
+}
+
+// An export, and an import of the image image_of_a made, from host memory said to be pinned or not
+// (the stand-in copies any host memory; the GPU backend copies pinned memory without staging). The
+// export is waited for, so its output is complete.
+pkv_status export_into_out(World &w, pkv_memory memory) {
+  const pkv_export_args a = export_of(w, w.out.data(), memory);
+  const pkv_status st = pkv_seq_export(w.pool, &a);
+  return st == PKV_OK ? pkv_context_synchronize(w.ctx) : st;
+}
+
+pkv_status import_from_k(World &w, pkv_memory memory) {
+  pkv_import_args a = PKV_IMPORT_ARGS_INIT;
+  a.memory = memory;
+  a.image = w.k.data();
+  a.image_bytes = kImageBytes;
+  return pkv_seq_import(w.pool, &a, &w.new_seq);
 }
 
 const Scenario kScenarios[] = {
@@ -318,14 +336,13 @@ const Scenario kScenarios[] = {
        const pkv_status st = pkv_seq_export_size(w.pool, &a, &n);
        put(w, n);
        return st; }, true, Reach::api},
-    {"seq_export", kImageBytes, nullptr, [](World &w) {
-       const pkv_export_args a = export_of(w, w.out.data());
-       return pkv_seq_export(w.pool, &a); }, true, Reach::device},
-    {"seq_import", 0, image_of_a, [](World &w) {
-       pkv_import_args a = PKV_IMPORT_ARGS_INIT;
-       a.image = w.k.data();
-       a.image_bytes = kImageBytes;
-       return pkv_seq_import(w.pool, &a, &w.new_seq); }, true, Reach::device},
+    {"seq_export", kImageBytes, nullptr, [](World &w) { return export_into_out(w, PKV_MEMORY_HOST); }, true,
+     Reach::device},
+    {"seq_export_pinned", kImageBytes, nullptr, [](World &w) { return export_into_out(w, PKV_MEMORY_HOST_PINNED); },
+     true, Reach::device},
+    {"seq_import", 0, image_of_a, [](World &w) { return import_from_k(w, PKV_MEMORY_HOST); }, true, Reach::device},
+    {"seq_import_pinned", 0, image_of_a, [](World &w) { return import_from_k(w, PKV_MEMORY_HOST_PINNED); }, true,
+     Reach::device},
     {"pool_regions", sizeof(pkv_memory_region) + 4, nullptr, [](World &w) {
        pkv_memory_region r{};
        uint32_t n = 0;
