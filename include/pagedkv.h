@@ -15,7 +15,8 @@
  *   6. Append, write and read of K/V rows
  *   7. Decode
  *   8. Statistics and format helpers
- *   9. Function table for runtime loaders
+ *   9. Export and import of sequences; the pool's memory for transfer engines
+ *  10. Function table for runtime loaders
  *
  * Conventions
  *   - Every function returns a pkv_status (PKV_OK = 0). On failure nothing changed, and
@@ -130,10 +131,15 @@ typedef enum pkv_format {
   PKV_FORMAT_MAX_ = 0x7fffffff
 } pkv_format;
 
-/* Where a caller's pointer points. The CPU backend's device memory is host memory. */
+/* Where a caller's pointer points. The CPU backend's device memory is host memory.
+ * PKV_MEMORY_HOST_PINNED is host memory the caller has page-locked (cuMemHostAlloc, cudaHostRegister,
+ * hipHostMalloc, ...): a GPU backend's DMA engines copy it directly and asynchronously, where plain
+ * host memory goes through the library's own pinned buffers. Every call that takes host memory takes
+ * it too (only pkv_seq_export and pkv_seq_import copy it differently). */
 typedef enum pkv_memory {
   PKV_MEMORY_HOST = 0,
   PKV_MEMORY_DEVICE = 1,
+  PKV_MEMORY_HOST_PINNED = 2,
   PKV_MEMORY_MIN_ = -0x7fffffff - 1,
   PKV_MEMORY_MAX_ = 0x7fffffff
 } pkv_memory;
@@ -367,7 +373,97 @@ PKV_API pkv_status pkv_convert_to_f32(pkv_format src_format, const void *src, si
 PKV_API size_t pkv_format_row_bytes(pkv_format format, size_t n);
 
 /* ---------------------------------------------------------------------------------------------------
- * 9. Function table for runtime loaders
+ * 9. Export and import of sequences; the pool's memory for transfer engines
+ *
+ * An image is one sequence's K/V in the pool's own page format (quants and scales as stored), for a
+ * range of layers: a 128-byte header (magic, version, geometry, formats, page size, length, layer
+ * range and checksums; docs/design.md gives its fields) followed by the payload, the sequence's pages
+ * [layer][page], each page of a layer its K part then its V part as the pool stores them. An engine
+ * swaps a sequence out with pkv_seq_export + pkv_seq_free and back in with pkv_seq_import, which
+ * gives bit-identical pages (docs/api.md); the image is also what a file saves.
+ * ------------------------------------------------------------------------------------------------- */
+#define PKV_SEQ_IMAGE_VERSION 1   /* the image version this library writes (and the newest it reads) */
+#define PKV_SEQ_IMAGE_HEADER_BYTES 128
+
+typedef struct pkv_export_args {
+  uint32_t struct_size;
+  pkv_seq seq;
+  uint32_t first_layer;
+  uint32_t layer_count; /* 0: every layer from first_layer on */
+  pkv_memory memory;    /* where image lives; PKV_MEMORY_DEVICE images are 16-byte aligned */
+  void *image;
+  uint64_t image_bytes; /* bytes at image: at least what pkv_seq_export_size answers */
+} pkv_export_args;
+#define PKV_EXPORT_ARGS_INIT { (uint32_t)sizeof(pkv_export_args), { 0 }, 0, 0, PKV_MEMORY_HOST, NULL, 0 }
+
+/* The bytes an export of args->seq and its layer range takes (args->memory, image and image_bytes
+ * are not read): the header plus layers x pages x (K part + V part) bytes. */
+PKV_API pkv_status pkv_seq_export_size(pkv_pool *pool, const pkv_export_args *args, uint64_t *bytes);
+
+/* Writes the image of args->seq's layers [first_layer, first_layer + layer_count) into args->image.
+ * Ordered on the context's stream after the work queued before it, and, on a GPU backend:
+ *   - PKV_MEMORY_DEVICE and PKV_MEMORY_HOST_PINNED: asynchronous; the image is complete once the
+ *     stream has run past the call (pkv_context_synchronize, or work the engine orders after it);
+ *   - PKV_MEMORY_HOST: synchronous, through the library's pinned buffers: complete on return.
+ * The CPU backend is synchronous for every memory kind. The sequence may be freed or written right
+ * after the call: the stream runs the export first. Slots past the sequence's length in its last page
+ * are exported as the page holds them. */
+PKV_API pkv_status pkv_seq_export(pkv_pool *pool, const pkv_export_args *args);
+
+typedef struct pkv_import_args {
+  uint32_t struct_size;
+  pkv_memory memory;    /* where image lives; PKV_MEMORY_DEVICE images are 16-byte aligned */
+  const void *image;
+  uint64_t image_bytes; /* bytes at image: at least the header's and the payload's */
+} pkv_import_args;
+#define PKV_IMPORT_ARGS_INIT { (uint32_t)sizeof(pkv_import_args), PKV_MEMORY_HOST, NULL, 0 }
+
+/* A new sequence in this pool holding an image's tokens: its length, and in the image's layers the
+ * image's pages bit for bit (the pool's other layers hold no K/V until pkv_write fills them). The
+ * pool must have the image's geometry: layers, kv_heads, head_dim, page_size, k_format and v_format
+ * (a mismatch is PKV_ERR_INVALID_ARGUMENT naming the field), and the length must fit its
+ * max_sequence_length. A header or payload whose checksum does not match, a truncated image and an
+ * unknown magic are PKV_ERR_INVALID_ARGUMENT; an image version newer than PKV_SEQ_IMAGE_VERSION is
+ * PKV_ERR_VERSION. Transactional like pkv_append: on any failure no sequence is created and no page
+ * taken (PKV_ERR_OUT_OF_SEQUENCES, PKV_ERR_OUT_OF_PAGES when the pool is short). Synchronous for every
+ * memory kind: the payload's checksum is verified before the call returns, so the image may be
+ * reused at once. Written in the stream's order: work queued before the call may still write the
+ * image's memory (an export into it) and is waited for. */
+PKV_API pkv_status pkv_seq_import(pkv_pool *pool, const pkv_import_args *args, pkv_seq *out);
+
+/* Memory of the pool that a transfer engine (NIXL, UCX) may register and move pages in directly:
+ * device memory on a GPU backend (a CUdeviceptr / hipDeviceptr_t), host memory on the CPU backend. */
+typedef struct pkv_memory_region {
+  uint64_t address;
+  uint64_t bytes;
+} pkv_memory_region;
+
+/* The pool's regions: *count is set to how many there are (1 today: all pages, every layer, are one
+ * allocation), and the first min(capacity, *count) are written to regions (NULL with capacity 0: the
+ * count alone). The regions stay where they are for the pool's life. */
+PKV_API pkv_status pkv_pool_regions(pkv_pool *pool, pkv_memory_region *regions, uint32_t capacity, uint32_t *count);
+
+/* Where one K or V part of one page of one layer of a sequence lies. */
+typedef struct pkv_page_span {
+  uint32_t region; /* index in pkv_pool_regions' list */
+  uint32_t layer;
+  uint32_t index;  /* the page's place in the sequence: tokens [index * page_size, (index + 1) * page_size) */
+  uint32_t part;   /* 0: K, 1: V (V's part follows K's in memory: offset + bytes) */
+  uint64_t offset; /* bytes from the region's address */
+  uint64_t bytes;
+} pkv_page_span;
+
+/* The spans of seq's pages in layers [first_layer, first_layer + layer_count) (layer_count 0: to the
+ * last layer), in the order of an image's payload: [layer][page][K, V]. *count is set to their number
+ * (2 x layers x the sequence's pages); spans NULL with capacity 0 asks for the count alone, else
+ * capacity must hold them all. A transfer engine moves span i of one pool to span i of another's
+ * sequence of the same length and formats; the decode side's queued page-table changes are applied
+ * by its next pkv_write, pkv_read, pkv_decode or pkv_decode_prepare (docs/api.md, "Transfer engines"). */
+PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t first_layer, uint32_t layer_count,
+                                      pkv_page_span *spans, uint64_t capacity, uint64_t *count);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 10. Function table for runtime loaders
  *
  * A program that opens the library at run time (dlopen, LoadLibrary, FFI) needs one symbol,
  * pkv_get_api, and calls everything else through the table it returns; include/pagedkv_loader.h does
@@ -376,7 +472,7 @@ PKV_API size_t pkv_format_row_bytes(pkv_format format, size_t n);
  * serves every caller that asks for a version from 1 to N. Entries are named after the functions
  * without their pkv_ prefix; version 1's follow this header's order. docs/abi.md states the rules.
  * ------------------------------------------------------------------------------------------------- */
-#define PKV_API_VERSION 2
+#define PKV_API_VERSION 3
 
 typedef struct pkv_api {
   uint32_t struct_size; /* sizeof the library's table */
@@ -411,6 +507,13 @@ typedef struct pkv_api {
   size_t (*format_row_bytes)(pkv_format format, size_t n);
   /* version 2 */
   pkv_status (*decode_prepare)(pkv_pool *pool, const pkv_decode_args *args);
+  /* version 3 */
+  pkv_status (*seq_export_size)(pkv_pool *pool, const pkv_export_args *args, uint64_t *bytes);
+  pkv_status (*seq_export)(pkv_pool *pool, const pkv_export_args *args);
+  pkv_status (*seq_import)(pkv_pool *pool, const pkv_import_args *args, pkv_seq *out);
+  pkv_status (*pool_regions)(pkv_pool *pool, pkv_memory_region *regions, uint32_t capacity, uint32_t *count);
+  pkv_status (*seq_page_spans)(pkv_pool *pool, pkv_seq seq, uint32_t first_layer, uint32_t layer_count,
+                               pkv_page_span *spans, uint64_t capacity, uint64_t *count);
 } pkv_api;
 
 /* Sets *out to the library's table when it offers `version` (from 1 to the library's PKV_API_VERSION;

@@ -42,6 +42,8 @@ PKV_STRUCT_INFO(pkv_write_args, PKV_WRITE_ARGS_INIT, v)
 PKV_STRUCT_INFO(pkv_read_args, PKV_READ_ARGS_INIT, v)
 PKV_STRUCT_INFO(pkv_decode_args, PKV_DECODE_ARGS_INIT, chunk_pages)
 PKV_STRUCT_INFO(pkv_pool_stats, PKV_POOL_STATS_INIT, bytes_per_token)
+PKV_STRUCT_INFO(pkv_export_args, PKV_EXPORT_ARGS_INIT, image_bytes)
+PKV_STRUCT_INFO(pkv_import_args, PKV_IMPORT_ARGS_INIT, image_bytes)
 #undef PKV_STRUCT_INFO
 
 template <class T> T read_struct(const T *p, const char *what) {
@@ -116,8 +118,31 @@ void check_io_format(pkv_format f, const char *what) {
 }
 
 void check_memory(pkv_memory m) {
-  if (m != PKV_MEMORY_HOST && m != PKV_MEMORY_DEVICE)
-    fail(PKV_ERR_INVALID_ARGUMENT, "memory is %d: expected PKV_MEMORY_HOST or PKV_MEMORY_DEVICE", int(m));
+  if (m != PKV_MEMORY_HOST && m != PKV_MEMORY_DEVICE && m != PKV_MEMORY_HOST_PINNED)
+    fail(PKV_ERR_INVALID_ARGUMENT, "memory is %d: expected PKV_MEMORY_HOST, PKV_MEMORY_HOST_PINNED or PKV_MEMORY_DEVICE",
+         int(m));
+}
+
+// Pinned host memory is host memory to every call but export and import, which copy it directly.
+pkv_memory host_or_device(pkv_memory m) { return m == PKV_MEMORY_DEVICE ? m : PKV_MEMORY_HOST; }
+
+// Layers [first, first + count) of the pool, count 0 meaning to its last layer; returns the count.
+uint32_t check_layer_range(const pkv::PoolGeometry &g, uint32_t first, uint32_t count) {
+  if (first >= g.layers)
+    fail(PKV_ERR_INVALID_ARGUMENT, "first_layer %u is out of range: the pool has %u layers", first, g.layers);
+  if (count == 0) return g.layers - first;
+  if (uint64_t(first) + count > g.layers)
+    fail(PKV_ERR_INVALID_ARGUMENT, "layers [%u, %llu) pass the pool's %u layers", first,
+         (unsigned long long)first + count, g.layers);
+  return count;
+}
+
+// An image's memory: device images are 16-byte aligned (GPU copies move 16 bytes at a time).
+void check_image(pkv_memory memory, const void *image) {
+  check_memory(memory);
+  check_pointer(image, "image");
+  if (memory == PKV_MEMORY_DEVICE && uintptr_t(image) % 16 != 0)
+    fail(PKV_ERR_INVALID_ARGUMENT, "image (%p) is device memory that is not 16-byte aligned", image);
 }
 
 // A batch names each sequence at most once, so it holds at most max_sequences of them; checked before
@@ -349,8 +374,9 @@ PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_
 PKV_API pkv_status pkv_write(pkv_pool *pool, const pkv_write_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    const pkv_write_args a = read_struct(args, "args");
+    pkv_write_args a = read_struct(args, "args");
     check_write_args(p.geometry(), a);
+    a.memory = host_or_device(a.memory);
     p.write(a);
   });
 }
@@ -358,8 +384,9 @@ PKV_API pkv_status pkv_write(pkv_pool *pool, const pkv_write_args *args) {
 PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    const pkv_read_args a = read_struct(args, "args");
+    pkv_read_args a = read_struct(args, "args");
     check_read_args(p.geometry(), a);
+    a.memory = host_or_device(a.memory);
     p.read(a);
   });
 }
@@ -367,8 +394,9 @@ PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args) {
 PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    const pkv_decode_args a = read_struct(args, "args");
+    pkv_decode_args a = read_struct(args, "args");
     check_decode_args(p.geometry(), a, true);
+    a.memory = host_or_device(a.memory);
     p.decode(a);
   });
 }
@@ -376,8 +404,9 @@ PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args) {
 PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
-    const pkv_decode_args a = read_struct(args, "args");
+    pkv_decode_args a = read_struct(args, "args");
     check_decode_args(p.geometry(), a, false);
+    a.memory = host_or_device(a.memory);
     p.decode_prepare(a);
   });
 }
@@ -386,6 +415,60 @@ PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
     write_struct(out, p.stats(), "out");
+  });
+}
+
+PKV_API pkv_status pkv_seq_export_size(pkv_pool *pool, const pkv_export_args *args, uint64_t *bytes) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    const pkv_export_args a = read_struct(args, "args");
+    check_pointer(bytes, "bytes");
+    const uint32_t count = check_layer_range(p.geometry(), a.first_layer, a.layer_count);
+    *bytes = p.export_size(a.seq, a.first_layer, count);
+  });
+}
+
+PKV_API pkv_status pkv_seq_export(pkv_pool *pool, const pkv_export_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    const pkv_export_args a = read_struct(args, "args");
+    const uint32_t count = check_layer_range(p.geometry(), a.first_layer, a.layer_count);
+    check_image(a.memory, a.image);
+    p.export_seq(a, a.first_layer, count);
+  });
+}
+
+PKV_API pkv_status pkv_seq_import(pkv_pool *pool, const pkv_import_args *args, pkv_seq *out) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    const pkv_import_args a = read_struct(args, "args");
+    check_pointer(out, "out");
+    check_image(a.memory, a.image);
+    if (a.image_bytes < pkv::kImageHeaderBytes)
+      fail(PKV_ERR_INVALID_ARGUMENT, "image_bytes is %llu, less than the %u bytes of an image's header",
+           (unsigned long long)a.image_bytes, pkv::kImageHeaderBytes);
+    *out = p.import_seq(a);
+  });
+}
+
+PKV_API pkv_status pkv_pool_regions(pkv_pool *pool, pkv_memory_region *regions, uint32_t capacity, uint32_t *count) {
+  return guarded(__func__, [&] {
+    const pkv_pool &p = pool_ref(pool);
+    check_pointer(count, "count");
+    if (!regions && capacity > 0) fail(PKV_ERR_INVALID_ARGUMENT, "regions is NULL but capacity is %u", capacity);
+    *count = p.regions(regions, capacity);
+  });
+}
+
+PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t first_layer, uint32_t layer_count,
+                                      pkv_page_span *spans, uint64_t capacity, uint64_t *count) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    check_pointer(count, "count");
+    const uint32_t n = check_layer_range(p.geometry(), first_layer, layer_count);
+    if (!spans && capacity > 0)
+      fail(PKV_ERR_INVALID_ARGUMENT, "spans is NULL but capacity is %llu", (unsigned long long)capacity);
+    *count = p.page_spans(seq, first_layer, n, spans, capacity);
   });
 }
 

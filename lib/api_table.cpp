@@ -38,6 +38,11 @@ constexpr pkv_api make_table() {
   t.convert_to_f32 = pkv_convert_to_f32;
   t.format_row_bytes = pkv_format_row_bytes;
   t.decode_prepare = pkv_decode_prepare;
+  t.seq_export_size = pkv_seq_export_size;
+  t.seq_export = pkv_seq_export;
+  t.seq_import = pkv_seq_import;
+  t.pool_regions = pkv_pool_regions;
+  t.seq_page_spans = pkv_seq_page_spans;
   return t;
 }
 

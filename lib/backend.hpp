@@ -1,5 +1,5 @@
 // The one interface a backend implements: device memory, page copies, the scatter of new rows into
-// pages, the gather of rows back out, decode, and a synchronize. Arguments are plain data; the pool
+// pages, the gather of rows back out, decode, sequence images out and in, and a synchronize. Arguments are plain data; the pool
 // decides what to do and a backend only does it.
 #pragma once
 
@@ -47,6 +47,29 @@ struct ScatterArgs : RowTransfer {
 
 struct GatherArgs : RowTransfer {
   void *k, *v; // either may be null
+};
+
+// A sequence's image payload (lib/seq_image.hpp): the blocks (layer, page) of layers
+// [first_layer, first_layer + layers) of `count` pages, [layer][page], each block_bytes as the pool
+// stores it, between the pool and caller memory. Payload word i (of 8 bytes) counts in the payload
+// checksum as image_word_term(word, i).
+struct ImageTransfer {
+  const uint32_t *pages; // host array of `count` page ids, in the sequence's order
+  uint32_t count;
+  uint32_t first_layer, layers;
+  pkv_memory memory; // HOST, HOST_PINNED or DEVICE
+};
+
+// Export: the encoded header at `image`, then the payload; the payload checksum goes into the header
+// at kImagePayloadChecksumAt (where the header holds 0).
+struct ExportArgs : ImageTransfer {
+  void *image;
+  const uint8_t *header; // host, kImageHeaderBytes
+};
+
+// Import: the payload (the image past its header) into the pages.
+struct ImportArgs : ImageTransfer {
+  const void *payload;
 };
 
 // The kernel families a backend may decode with: the CPU's own loop; on a GPU the generic kernel
@@ -109,6 +132,13 @@ class Backend {
   // Applies the batch's table changes and puts its plan into the pool's plan buffer, launching
   // nothing: a decode of the same batch that follows needs no upload.
   virtual void prepare_decode(const PoolGeometry &g, const DecodeBatch &batch) = 0;
+  // Asynchronous where the memory allows (pkv_seq_export's promises); the pages may be reused once it
+  // returns: later work on the stream runs after it.
+  virtual void export_image(const PoolGeometry &g, const ExportArgs &args) = 0;
+  // Synchronous: the pages hold the payload on return; returns the payload's checksum.
+  virtual uint64_t import_image(const PoolGeometry &g, const ImportArgs &args) = 0;
+  // `bytes` of caller memory into host memory, after the work queued before; synchronous.
+  virtual void read_caller(void *dst, const void *src, pkv_memory memory, uint64_t bytes) = 0;
   virtual void decode(const PoolGeometry &g, const DecodeBatch &batch) = 0;
   virtual void synchronize() = 0;
   // GB/s of a read-only pass over `bytes` (0: the backend's default size), best of several passes.

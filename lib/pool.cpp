@@ -362,3 +362,103 @@ pkv_pool_stats pkv_pool::stats() {
   st.bytes_per_token = uint64_t(geometry_.layers) * (geometry_.k.bytes_per_token() + geometry_.v.bytes_per_token());
   return st;
 }
+
+uint64_t pkv_pool::export_size(pkv_seq seq, uint32_t first, uint32_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence &s = seqs_[handles_.resolve(seq, "seq")];
+  return pkv::make_image_header(geometry_, s.length, uint32_t(s.pages.size()), first, count).image_bytes();
+}
+
+void pkv_pool::export_seq(const pkv_export_args &a, uint32_t first, uint32_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence &s = seqs_[handles_.resolve(a.seq, "seq")];
+  const pkv::ImageHeader h = pkv::make_image_header(geometry_, s.length, uint32_t(s.pages.size()), first, count);
+  if (a.image_bytes < h.image_bytes())
+    fail(PKV_ERR_INVALID_ARGUMENT, "image_bytes is %llu but the sequence's image takes %llu bytes (pkv_seq_export_size)",
+         (unsigned long long)a.image_bytes, (unsigned long long)h.image_bytes());
+  uint8_t header[pkv::kImageHeaderBytes];
+  pkv::encode_image_header(h, header);
+  pkv::ExportArgs e{};
+  e.pages = s.pages.data();
+  e.count = uint32_t(s.pages.size());
+  e.first_layer = first;
+  e.layers = count;
+  e.memory = a.memory;
+  e.image = a.image;
+  e.header = header;
+  std::lock_guard<std::mutex> device(ctx_->mu);
+  ctx_->backend->export_image(geometry_, e);
+}
+
+pkv_seq pkv_pool::import_seq(const pkv_import_args &a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pkv::Backend &backend = *ctx_->backend;
+  uint8_t header[pkv::kImageHeaderBytes];
+  {
+    std::lock_guard<std::mutex> device(ctx_->mu);
+    backend.read_caller(header, a.image, a.memory, sizeof header);
+  }
+  const pkv::ImageHeader h = pkv::decode_image_header(header, a.image_bytes);
+  pkv::check_image_fits(h, geometry_);
+  if (h.length > max_length_)
+    fail(PKV_ERR_INVALID_ARGUMENT, "the image holds %u tokens, more than the pool's longest sequence, %llu tokens",
+         h.length, (unsigned long long)max_length_);
+  if (handles_.full()) fail_full(handles_);
+  if (h.pages > pages_.free())
+    fail(PKV_ERR_OUT_OF_PAGES, "the image needs %u pages and the pool has %u free of %u; nothing was imported", h.pages,
+         pages_.free(), pages_.total());
+
+  // Every allocation before the pages are taken; from there only the copy can fail, and its failure
+  // (or a payload that does not match its checksum) gives them back.
+  std::vector<uint32_t> taken;
+  taken.reserve(h.pages);
+  reserve_pending(h.pages);
+  pages_.take(h.pages, &taken);
+  try {
+    pkv::ImportArgs in{};
+    in.pages = taken.data();
+    in.count = h.pages;
+    in.first_layer = h.first_layer;
+    in.layers = h.layer_count;
+    in.memory = a.memory;
+    in.payload = static_cast<const uint8_t *>(a.image) + pkv::kImageHeaderBytes;
+    std::lock_guard<std::mutex> device(ctx_->mu);
+    const uint64_t sum = backend.import_image(geometry_, in);
+    if (sum != h.payload_checksum)
+      fail(PKV_ERR_INVALID_ARGUMENT, "the image's payload sums to %016llx but its header says %016llx: the payload is "
+           "corrupted; nothing was imported", (unsigned long long)sum, (unsigned long long)h.payload_checksum);
+  } catch (...) {
+    // Last taken, first given back: the free list is as it was.
+    for (auto p = taken.rbegin(); p != taken.rend(); ++p) pages_.release(*p);
+    throw;
+  }
+
+  uint32_t slot;
+  const pkv_seq seq = handles_.acquire(&slot);
+  for (uint32_t i = 0; i < h.pages; i++) pending_.push_back({slot, i, taken[i]});
+  seqs_[slot] = Sequence{h.length, std::move(taken)};
+  tokens_live_ += h.length;
+  return seq;
+}
+
+uint32_t pkv_pool::regions(pkv_memory_region *out, uint32_t capacity) const {
+  if (capacity > 0) out[0] = {geometry_.base, geometry_.total_bytes()};
+  return 1;
+}
+
+uint64_t pkv_pool::page_spans(pkv_seq seq, uint32_t first, uint32_t count, pkv_page_span *spans, uint64_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence &s = seqs_[handles_.resolve(seq, "seq")];
+  const uint64_t n = 2ull * count * s.pages.size();
+  if (!spans) return n;
+  if (capacity < n)
+    fail(PKV_ERR_INVALID_ARGUMENT, "capacity is %llu but the sequence has %llu spans in layers [%u, %llu)",
+         (unsigned long long)capacity, (unsigned long long)n, first, (unsigned long long)first + count);
+  for (uint32_t l = first; l < first + count; l++)
+    for (uint32_t i = 0; i < s.pages.size(); i++) {
+      const uint64_t at = geometry_.block_offset(l, s.pages[i]);
+      *spans++ = {0, l, i, 0, at, geometry_.k.bytes};
+      *spans++ = {0, l, i, 1, at + geometry_.k.bytes, geometry_.v.bytes};
+    }
+  return n;
+}

@@ -13,6 +13,7 @@
 #include "handle_table.hpp"
 #include "page_allocator.hpp"
 #include "plan_cache.hpp"
+#include "seq_image.hpp"
 #include "pagedkv.h"
 
 struct pkv_pool {
@@ -35,6 +36,14 @@ struct pkv_pool {
   // Applies queued page-table changes and puts the batch's plan on the device without decoding.
   void decode_prepare(const pkv_decode_args &args);
   pkv_pool_stats stats();
+  // Images of layers [first, first + count) of a sequence (the range checked by api.cpp).
+  uint64_t export_size(pkv_seq seq, uint32_t first, uint32_t count);
+  void export_seq(const pkv_export_args &args, uint32_t first, uint32_t count);
+  pkv_seq import_seq(const pkv_import_args &args);
+  // The pool's memory regions (the count; the first `capacity` written), and a sequence's spans in
+  // them (the count; all written when spans is not null, which needs capacity for all).
+  uint32_t regions(pkv_memory_region *out, uint32_t capacity) const;
+  uint64_t page_spans(pkv_seq seq, uint32_t first, uint32_t count, pkv_page_span *spans, uint64_t capacity);
 
   const pkv::PoolGeometry &geometry() const { return geometry_; }
 

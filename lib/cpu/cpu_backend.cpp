@@ -15,6 +15,7 @@
 
 #include "../error.hpp"
 #include "../fault.hpp"
+#include "../seq_image.hpp"
 #include "cpu_attention.hpp"
 #include "worker_pool.hpp"
 
@@ -23,6 +24,7 @@ namespace pkv {
 namespace {
 
 constexpr uint32_t kRowsPerItem = 64; // rows one scatter/gather work item converts
+constexpr uint64_t kImageBytesPerItem = 1 << 20; // payload one export/import work item copies
 
 class CpuBackend final : public Backend {
  public:
@@ -117,6 +119,24 @@ class CpuBackend final : public Backend {
     workers_.run(b.count, [&](uint32_t s, uint32_t worker) { merge(g, b, part_out_, part_lse_, s, row_[worker]); });
   }
 
+  void export_image(const PoolGeometry &g, const ExportArgs &a) override {
+    auto *image = static_cast<uint8_t *>(a.image);
+    std::memcpy(image, a.header, kImageHeaderBytes);
+    const uint64_t sum = for_blocks(g, a, image + kImageHeaderBytes, [](uint8_t *pool, uint8_t *payload, uint64_t n) {
+      std::memcpy(payload, pool, n);
+    });
+    set_payload_checksum(image, sum);
+  }
+
+  uint64_t import_image(const PoolGeometry &g, const ImportArgs &a) override {
+    return for_blocks(g, a, static_cast<const uint8_t *>(a.payload),
+                      [](uint8_t *pool, const uint8_t *payload, uint64_t n) { std::memcpy(pool, payload, n); });
+  }
+
+  void read_caller(void *dst, const void *src, pkv_memory, uint64_t bytes) override {
+    std::memcpy(dst, src, size_t(bytes));
+  }
+
   void synchronize() override {}
 
   // Each worker sums its share of a buffer of non-zero words; the sums are kept so the reads stay.
@@ -163,6 +183,29 @@ class CpuBackend final : public Backend {
       const uint32_t end = uint32_t(std::min<uint64_t>(a.rows, (uint64_t(item) + 1) * kRowsPerItem));
       for (uint32_t r = item * kRowsPerItem; r < end; r++) fn(r, row.data(), stride);
     });
+  }
+
+  // Calls copy(pool block, payload block, block_bytes) for every block of an image's payload and
+  // returns the payload's checksum, the blocks spread over the workers.
+  template <class Byte, class Copy>
+  uint64_t for_blocks(const PoolGeometry &g, const ImageTransfer &a, Byte *payload, Copy copy) {
+    const uint64_t blocks = uint64_t(a.layers) * a.count;
+    const uint64_t per_item = std::max<uint64_t>(1, kImageBytesPerItem / g.block_bytes);
+    const uint64_t items = (blocks + per_item - 1) / per_item;
+    if (items > UINT32_MAX) fail(PKV_ERR_INVALID_ARGUMENT, "an image of %llu blocks", (unsigned long long)blocks);
+    std::vector<uint64_t> sums(size_t(items), 0); // before any copy: nothing below allocates
+    workers_.run(uint32_t(items), [&](uint32_t item, uint32_t) {
+      const uint64_t end = std::min(blocks, (item + 1) * per_item);
+      for (uint64_t b = item * per_item; b < end; b++) {
+        const uint32_t layer = a.first_layer + uint32_t(b / a.count), page = a.pages[b % a.count];
+        Byte *block = payload + b * g.block_bytes;
+        copy(host(g.k_part(layer, page)), block, g.block_bytes);
+        sums[item] += image_checksum(block, g.block_bytes, b * g.block_bytes / 8);
+      }
+    });
+    uint64_t sum = 0;
+    for (uint64_t s : sums) sum += s;
+    return sum;
   }
 
   // Combines sequence s's chunk partials through their log-sum-exp and writes out and lse. A chunk

@@ -78,6 +78,7 @@ constexpr int kApiVersion = 12000;
   X(cuMemFreeHost, "cuMemFreeHost", (void *ptr))                                                           \
   X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", (CUdeviceptr dst, const void *src, size_t bytes, CUstream s)) \
   X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", (void *dst, CUdeviceptr src, size_t bytes, CUstream s))     \
+  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s)) \
   X(cuMemsetD32Async, "cuMemsetD32Async", (CUdeviceptr dst, unsigned int value, size_t count, CUstream s))   \
   X(cuModuleLoadData, "cuModuleLoadData", (CUmodule * module, const void *image))                          \
   X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                                   \

@@ -6,6 +6,7 @@
 
 #include "../kernels/kernel_params.h"
 #include "../error.hpp"
+#include "../seq_image.hpp"
 #include "decode_policy.hpp"
 #if defined(PKV_FAULT_INJECTION) && PKV_FAULT_INJECTION
 #include "fault_device.hpp"
@@ -26,6 +27,11 @@ static_assert(sizeof(PkvRowSlot) == sizeof(RowSlot), "row slots cross to the dev
 static_assert(sizeof(PkvPageCopy) == sizeof(PageCopy), "page copies cross to the device as they are");
 
 constexpr unsigned kThreads = 128;
+// An image's payload moves to and from host memory through a device buffer of this many bytes at a
+// time (large enough that each copy runs at the link's rate); a device image moves in launches of
+// at most kImageLaunchBlocks blocks.
+constexpr uint64_t kImageChunkBytes = 32ull << 20;
+constexpr uint64_t kImageLaunchBlocks = 1u << 20;
 
 unsigned blocks_for(uint64_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 
@@ -89,6 +95,7 @@ class GpuBackend final : public Backend {
       scatter_ = rt_.function(pages_module_, "pkv_scatter");
       gather_ = rt_.function(pages_module_, "pkv_gather");
       copy_pages_ = rt_.function(pages_module_, "pkv_copy_pages");
+      copy_image_ = rt_.function(pages_module_, "pkv_copy_image");
       read_bandwidth_ = rt_.function(pages_module_, "pkv_read_bandwidth");
       merge_ = rt_.function(generic_module_, "pkv_decode_merge");
     } catch (...) {
@@ -290,6 +297,74 @@ class GpuBackend final : public Backend {
     }
   }
 
+  // A device image: the header sent ahead of the kernels, which add the payload's checksum into it.
+  // A host image: the header written now, the payload gathered a chunk at a time into the device
+  // buffer and copied out of it (pinned memory directly and asynchronously; other host memory through
+  // the staging buffer, waited for), the checksum copied into the header last.
+  void export_image(const PoolGeometry &g, const ExportArgs &a) override {
+    Current current(rt_);
+    if (a.memory == PKV_MEMORY_DEVICE) {
+      const DevPtr image = DevPtr(uintptr_t(a.image));
+      Upload header;
+      header.add(a.header, kImageHeaderBytes);
+      staging_.send(header, image);
+      for_image_chunks(g, a, [&](uint64_t first, uint64_t blocks) {
+        copy_image(g, a, image + kImageHeaderBytes + first * g.block_bytes, first, blocks,
+                   image + kImagePayloadChecksumAt, true);
+      });
+      return;
+    }
+    auto *image = static_cast<uint8_t *>(a.image);
+    const bool pinned = a.memory == PKV_MEMORY_HOST_PINNED;
+    std::memcpy(image, a.header, kImageHeaderBytes);
+    const bool any = for_image_chunks(g, a, [&](uint64_t first, uint64_t blocks) {
+      const uint64_t bytes = blocks * g.block_bytes;
+      uint8_t *dst = image + kImageHeaderBytes + first * g.block_bytes;
+      copy_image(g, a, image_stage_.ptr, first, blocks, image_sum_.ptr, true);
+      if (pinned) rt_.check(dev_->copy_to_host(dst, image_stage_.ptr, size_t(bytes), rt_.stream));
+      else std::memcpy(dst, staging_.receive(image_stage_.ptr, bytes), size_t(bytes));
+    });
+    if (!any) return; // no payload: the header's checksum field holds its sum, 0
+    if (pinned) rt_.check(dev_->copy_to_host(image + kImagePayloadChecksumAt, image_sum_.ptr, 8, rt_.stream));
+    else std::memcpy(image + kImagePayloadChecksumAt, staging_.receive(image_sum_.ptr, 8), 8);
+  }
+
+  // The payload into the pages: a device image's read in place, a host image's copied a chunk at a
+  // time into the device buffer (pinned memory directly, other host memory through the staging
+  // buffers, two taking turns); then its checksum, waited for.
+  uint64_t import_image(const PoolGeometry &g, const ImportArgs &a) override {
+    Current current(rt_);
+    const auto *payload = static_cast<const uint8_t *>(a.payload);
+    const bool any = for_image_chunks(g, a, [&](uint64_t first, uint64_t blocks) {
+      const uint64_t bytes = blocks * g.block_bytes, at = first * g.block_bytes;
+      if (a.memory == PKV_MEMORY_DEVICE) {
+        copy_image(g, a, DevPtr(uintptr_t(payload + at)), first, blocks, image_sum_.ptr, false);
+        return;
+      }
+      if (a.memory == PKV_MEMORY_HOST_PINNED) {
+        rt_.check(dev_->copy_to_device(image_stage_.ptr, payload + at, size_t(bytes), rt_.stream));
+      } else {
+        Upload chunk;
+        chunk.add(payload + at, bytes);
+        staging_.send(chunk, image_stage_.ptr);
+      }
+      copy_image(g, a, image_stage_.ptr, first, blocks, image_sum_.ptr, false);
+    });
+    uint64_t sum = 0;
+    if (any) std::memcpy(&sum, staging_.receive(image_sum_.ptr, 8), 8);
+    return sum;
+  }
+
+  void read_caller(void *dst, const void *src, pkv_memory memory, uint64_t bytes) override {
+    Current current(rt_);
+    if (memory == PKV_MEMORY_DEVICE) {
+      std::memcpy(dst, staging_.receive(DevPtr(uintptr_t(src)), bytes), size_t(bytes));
+      return;
+    }
+    rt_.check(dev_->stream_synchronize(rt_.stream)); // a queued export may still be writing it
+    std::memcpy(dst, src, size_t(bytes));
+  }
+
   void synchronize() override {
     Current current(rt_);
     rt_.check(dev_->stream_synchronize(rt_.stream));
@@ -351,6 +426,42 @@ class GpuBackend final : public Backend {
     if (!b.plan_resident) upload_plan(staging_, g, b);
   }
 
+  // Sends the image's page list and zeroes the checksum, then calls each(first block, blocks) over the
+  // payload's blocks in chunks: the staging chunk's size for host images, launches of at most
+  // kImageLaunchBlocks blocks for device ones (the staging buffer is sized for host images). Returns
+  // whether there was any block.
+  template <class Each> bool for_image_chunks(const PoolGeometry &g, const ImageTransfer &a, Each each) {
+    const uint64_t blocks = uint64_t(a.layers) * a.count;
+    if (blocks == 0) return false;
+    const bool device = a.memory == PKV_MEMORY_DEVICE;
+    const uint64_t per_chunk = device ? kImageLaunchBlocks : std::max<uint64_t>(1, kImageChunkBytes / g.block_bytes);
+    Upload pages;
+    pages.add(a.pages, uint64_t(a.count) * 4);
+    staging_.ensure(&image_pages_, pages.total());
+    staging_.ensure(&image_sum_, 8);
+    if (!device) staging_.ensure(&image_stage_, std::min(blocks, per_chunk) * g.block_bytes);
+    staging_.send(pages, image_pages_.ptr);
+    rt_.check(dev_->fill32(image_sum_.ptr, 0, 2, rt_.stream));
+    for (uint64_t first = 0; first < blocks; first += per_chunk) each(first, std::min(per_chunk, blocks - first));
+    return true;
+  }
+
+  // Blocks [first, first + blocks) of the image between the pool and `payload`, which holds block
+  // `first`; the checksum terms added to the uint64_t at `sum`.
+  void copy_image(const PoolGeometry &g, const ImageTransfer &a, DevPtr payload, uint64_t first, uint64_t blocks,
+                  DevPtr sum, bool to_image) {
+    PkvImageParams p{};
+    p.pool = pool_params(g);
+    p.pages = image_pages_.ptr;
+    p.payload = payload;
+    p.sum = sum;
+    p.first_block = first;
+    p.count = a.count;
+    p.first_layer = a.first_layer;
+    p.to_image = to_image;
+    rt_.launch(copy_image_, unsigned(blocks), 1, 1, &p, 256);
+  }
+
   void apply_table(const PoolGeometry &g, const TableUpdates &t, DevPtr entries) {
     if (t.count == 0) return;
     PkvTableParams p{};
@@ -365,7 +476,8 @@ class GpuBackend final : public Backend {
   void teardown() noexcept {
     CurrentForCleanup current(dev_.get());
     if (rt_.stream) dev_->stream_synchronize(rt_.stream);
-    for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_})
+    for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_, &image_pages_, &image_stage_,
+                            &image_sum_})
       if (b->ptr) dev_->free(b->ptr);
     staging_.release();
     for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_})
@@ -381,8 +493,10 @@ class GpuBackend final : public Backend {
   uint32_t sms_ = 1;
   Module pages_module_ = nullptr, generic_module_ = nullptr, cuda_core_module_ = nullptr, tensor_core_module_ = nullptr;
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
+  Function copy_image_ = nullptr;
   Function read_bandwidth_ = nullptr;
   DeviceBuffer part_out_, part_lse_, counters_, decode_out_, rows_out_;
+  DeviceBuffer image_pages_, image_stage_, image_sum_; // an image's page list, host chunk and checksum
   bool counters_zero_ = true; // counters_ has been filled with zeros (false from its growth until then)
 };
 

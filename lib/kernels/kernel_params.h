@@ -57,6 +57,20 @@ typedef struct PkvCopyParams {
   uint32_t count, reserved;
 } PkvCopyParams;
 
+/* A sequence image's payload (lib/seq_image.hpp): blocks (layer, page), [layer][page] over `count`
+ * pages from layer first_layer, copied between the pool and `payload`, which holds the blocks from
+ * first_block on; the checksum terms of the payload's words are added to the uint64_t at `sum`. */
+typedef struct PkvImageParams {
+  PkvPool pool;
+  uint64_t pages;       /* uint32_t [count]: the sequence's pages */
+  uint64_t payload;     /* block first_block's bytes, the later blocks after it */
+  uint64_t sum;
+  uint64_t first_block;
+  uint32_t count, first_layer;
+  uint32_t to_image;    /* 1: pool to payload (export); 0: payload to pool (import) */
+  uint32_t reserved;
+} PkvImageParams;
+
 /* A plan record (lib/plan.hpp's PlanRecord): a chunk of a sequence, every KV head's for the CUDA-core
  * and generic kernels (the grid gives the head), one KV head's for the tensor-core kernel, whose items
  * are (record, row tile); seq UINT32_MAX: a balanced plan's filler, which its block skips. */

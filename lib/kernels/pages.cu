@@ -1,5 +1,5 @@
 // Kernels that move rows and pages: page-table deltas, the scatter of new rows into their pages,
-// the gather of rows back out, and whole-page copies for copy on write.
+// the gather of rows back out, whole-page copies for copy on write, and sequence images out and in.
 #include "device_format.cuh"
 
 using namespace pkv_dev;
@@ -70,4 +70,38 @@ extern "C" __global__ void pkv_copy_pages(PkvCopyParams p) {
   const uint4 *src = reinterpret_cast<const uint4 *>(part(p.pool, blockIdx.y, c.src, false));
   uint4 *dst = reinterpret_cast<uint4 *>(part(p.pool, blockIdx.y, c.dst, false));
   for (uint64_t i = threadIdx.x; i < p.pool.block_bytes / 16; i += blockDim.x) dst[i] = src[i];
+}
+
+// The checksum term of payload word i: lib/seq_image.hpp's image_word_term, operation for operation.
+__device__ __forceinline__ uint64_t image_word_term(uint64_t word, uint64_t i) {
+  uint64_t z = word + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// One block per (layer, page) block of an image's payload, block first_block + blockIdx.x in
+// [layer][page] order: copied between the pool and the payload in 16-byte pieces (blocks are
+// multiples of 64 bytes), its words' checksum terms summed in shared memory and added to *sum once.
+// Words are little-endian, as the host reads them.
+extern "C" __global__ void pkv_copy_image(PkvImageParams p) {
+  __shared__ unsigned long long block_sum;
+  if (threadIdx.x == 0) block_sum = 0;
+  __syncthreads();
+  const uint64_t b = p.first_block + blockIdx.x, pieces = p.pool.block_bytes / 16;
+  const uint32_t page = reinterpret_cast<const uint32_t *>(p.pages)[b % p.count];
+  uint4 *pool = reinterpret_cast<uint4 *>(part(p.pool, p.first_layer + uint32_t(b / p.count), page, false));
+  uint4 *image = reinterpret_cast<uint4 *>(p.payload) + uint64_t(blockIdx.x) * pieces;
+  const uint64_t first_word = b * pieces * 2;
+  uint64_t sum = 0;
+  for (uint64_t i = threadIdx.x; i < pieces && page < p.pool.pages; i += blockDim.x) {
+    const uint4 v = p.to_image ? pool[i] : image[i];
+    if (p.to_image) image[i] = v;
+    else pool[i] = v;
+    sum += image_word_term(uint64_t(v.y) << 32 | v.x, first_word + 2 * i) +
+           image_word_term(uint64_t(v.w) << 32 | v.z, first_word + 2 * i + 1);
+  }
+  atomicAdd(&block_sum, static_cast<unsigned long long>(sum));
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long *>(p.sum), block_sum);
 }

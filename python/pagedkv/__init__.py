@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "Backend", "Format", "Memory", "Status", "Context", "Pool", "Sequence", "PoolStats",
-    "BackendInfo", "PagedKVError", "InvalidArgumentError", "StructSizeError", "StaleHandleError",
+    "BackendInfo", "MemoryRegion", "PageSpan", "PagedKVError", "InvalidArgumentError", "StructSizeError", "StaleHandleError",
     "OutOfPagesError", "OutOfSequencesError", "OutOfMemoryError", "UnsupportedError", "NoDeviceError",
     "BackendError", "VersionError", "InternalError", "library_version", "backends",
 ]
@@ -219,6 +219,30 @@ def _same_memory(buffers: Iterable[Optional[_Buffer]], stream: int, names: str) 
                 f"torch's current stream (0x{current:x}) is not the context's (0x{stream:x}): create the context "
                 "with Context(backend='cuda', stream=torch.cuda.current_stream()) and call it on that stream")
     return memory
+
+
+@dataclass
+class _Raw:
+    array: Any  # kept alive while the call runs
+    ptr: int
+    nbytes: int
+    memory: Memory
+
+
+def _raw(x: Any, what: str, writable: bool) -> _Raw:
+    """A byte buffer's pointer, size and memory kind: a torch tensor (host, pinned host or GPU), or host
+    memory Python exposes as a buffer (numpy arrays, bytearray; bytes when only read)."""
+    if _is_torch(x):
+        if not x.is_contiguous():
+            raise ValueError(f"{what} must be contiguous (tensor.contiguous())")
+        memory = Memory.DEVICE if x.device.type != "cpu" else Memory.HOST_PINNED if x.is_pinned() else Memory.HOST
+        return _Raw(x, x.data_ptr(), x.numel() * x.element_size(), memory)
+    import numpy as np
+
+    arr = x if isinstance(x, np.ndarray) else np.frombuffer(x, np.uint8)
+    if not arr.flags.c_contiguous or (writable and not arr.flags.writeable):
+        raise ValueError(f"{what} must be a {'writable, ' if writable else ''}C-contiguous buffer")
+    return _Raw(arr, arr.ctypes.data, arr.nbytes, Memory.HOST)
 
 
 def _seq_array(seqs: SequenceT["Sequence"], pool: "Pool") -> Any:
@@ -445,10 +469,75 @@ class Pool:
         _call("pkv_decode", self._handle(), ctypes.byref(args))
         return (ob.array, lb.array) if lb else ob.array
 
+    def _export_args(self, seq: "Sequence", first_layer: int, layer_count: int) -> Any:
+        if not isinstance(seq, Sequence) or seq.pool is not self:
+            raise ValueError("seq is not a Sequence of this pool")
+        return _ffi.new_struct(_ffi.ExportArgs, seq=seq.handle, first_layer=first_layer, layer_count=layer_count)
+
+    def export_size(self, seq: "Sequence", first_layer: int = 0, layer_count: int = 0) -> int:
+        """Bytes of seq's image over layers [first_layer, first_layer + layer_count) (0: to the last)."""
+        args = self._export_args(seq, first_layer, layer_count)
+        out = _ffi.U64()
+        _call("pkv_seq_export_size", self._handle(), ctypes.byref(args), ctypes.byref(out))
+        return out.value
+
+    def export_seq(self, seq: "Sequence", out: Any = None, first_layer: int = 0, layer_count: int = 0) -> Any:
+        """seq's image (pkv_seq_export): its pages as stored, with a header and checksums. Into `out`
+        (a writable buffer or a torch tensor, host, pinned or on the GPU, of at least export_size()
+        bytes), or a new numpy uint8 array. A pinned or GPU `out` is complete once the context's
+        stream has run past the call (Context.synchronize())."""
+        import numpy as np
+
+        args = self._export_args(seq, first_layer, layer_count)
+        size = self.export_size(seq, first_layer, layer_count)
+        buf = _raw(np.empty(size, np.uint8) if out is None else out, "out", writable=True)
+        if buf.memory == Memory.DEVICE:
+            _same_memory([_Buffer(buf.array, buf.ptr, Format.INVALID, buf.memory, (), buf.array.device)],
+                         self.ctx.stream, "out")
+        args.memory, args.image, args.image_bytes = buf.memory, buf.ptr, buf.nbytes
+        _call("pkv_seq_export", self._handle(), ctypes.byref(args))
+        return buf.array
+
+    def import_seq(self, image: Any) -> "Sequence":
+        """A new sequence holding an image's tokens (pkv_seq_import): bytes, a buffer, or a torch tensor
+        (host, pinned or on the GPU). Nothing changes when it raises (a corrupted or truncated image, a
+        pool of another geometry, too few pages or slots)."""
+        buf = _raw(image, "image", writable=False)
+        args = _ffi.new_struct(_ffi.ImportArgs, memory=buf.memory, image=buf.ptr, image_bytes=buf.nbytes)
+        handle = _ffi.Seq()
+        _call("pkv_seq_import", self._handle(), ctypes.byref(args), ctypes.byref(handle))
+        return Sequence(self, handle)
+
+    def regions(self) -> List["MemoryRegion"]:
+        """The pool's memory (pkv_pool_regions): device memory on a GPU, what a transfer engine registers."""
+        count = _ffi.U32()
+        _call("pkv_pool_regions", self._handle(), None, 0, ctypes.byref(count))
+        regions = (_ffi.MemoryRegion * count.value)()
+        _call("pkv_pool_regions", self._handle(), regions, count.value, ctypes.byref(count))
+        return [MemoryRegion(r.address, r.bytes) for r in regions]
+
     def stats(self) -> PoolStats:
         s = _ffi.new_struct(_ffi.PoolStats)
         _call("pkv_pool_get_stats", self._handle(), ctypes.byref(s))
         return PoolStats(*(getattr(s, name) for name, _ in _ffi.PoolStats._fields_[1:]))
+
+
+@dataclass(frozen=True)
+class MemoryRegion:
+    address: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class PageSpan:
+    """One K (part 0) or V (part 1) part of one page of one layer of a sequence, at `offset` bytes into
+    region `region` of Pool.regions()."""
+    region: int
+    layer: int
+    index: int
+    part: int
+    offset: int
+    bytes: int
 
 
 def _empty_like(b: _Buffer, shape: Optional[Tuple[int, ...]] = None, fmt: Optional[Format] = None) -> Any:
@@ -493,6 +582,16 @@ class Sequence:
     def truncate(self, length: int) -> None:
         """Rolls back to `length` tokens (rejected speculative tokens); whole pages past it are freed."""
         _call("pkv_seq_truncate", self.pool._handle(), self.handle, length)
+
+    def page_spans(self, first_layer: int = 0, layer_count: int = 0) -> List[PageSpan]:
+        """Where this sequence's pages lie in the pool's regions (pkv_seq_page_spans), in an image's
+        payload order: [layer][page][K, V]."""
+        pool = self.pool._handle()
+        count = _ffi.U64()
+        _call("pkv_seq_page_spans", pool, self.handle, first_layer, layer_count, None, 0, ctypes.byref(count))
+        spans = (_ffi.PageSpan * count.value)()
+        _call("pkv_seq_page_spans", pool, self.handle, first_layer, layer_count, spans, count.value, ctypes.byref(count))
+        return [PageSpan(s.region, s.layer, s.index, s.part, s.offset, s.bytes) for s in spans]
 
     def free(self) -> None:
         """Returns the pages; the handle is stale afterwards (using it raises StaleHandleError)."""

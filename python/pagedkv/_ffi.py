@@ -52,6 +52,7 @@ class Format(enum.IntEnum):
 class Memory(enum.IntEnum):
     HOST = 0
     DEVICE = 1
+    HOST_PINNED = 2
 
 
 class Seq(ctypes.Structure):
@@ -98,6 +99,23 @@ class PoolStats(ctypes.Structure):
                 ("bytes_per_page", U64), ("bytes_per_token", U64)]
 
 
+class ExportArgs(ctypes.Structure):
+    _fields_ = [("struct_size", U32), ("seq", Seq), ("first_layer", U32), ("layer_count", U32), ("memory", ENUM),
+                ("image", ctypes.c_void_p), ("image_bytes", U64)]
+
+
+class ImportArgs(ctypes.Structure):
+    _fields_ = [("struct_size", U32), ("memory", ENUM), ("image", ctypes.c_void_p), ("image_bytes", U64)]
+
+
+class MemoryRegion(ctypes.Structure):
+    _fields_ = [("address", U64), ("bytes", U64)]
+
+
+class PageSpan(ctypes.Structure):
+    _fields_ = [("region", U32), ("layer", U32), ("index", U32), ("part", U32), ("offset", U64), ("bytes", U64)]
+
+
 # The header's PKV_*_INIT macros, field by field (fields not named are 0 / NULL there too).
 STRUCT_DEFAULTS: Dict[type, Dict[str, Any]] = {
     ContextDesc: {"backend": Backend.AUTO, "device": 0, "threads": 0, "stream": None},
@@ -109,6 +127,8 @@ STRUCT_DEFAULTS: Dict[type, Dict[str, Any]] = {
     DecodeArgs: {"q_tokens": 1, "scale": 0.0, "q_format": Format.F32, "out_format": Format.F32,
                  "memory": Memory.HOST, "chunk_pages": 0},
     PoolStats: {},
+    ExportArgs: {"memory": Memory.HOST},
+    ImportArgs: {"memory": Memory.HOST},
 }
 
 
@@ -148,6 +168,11 @@ _SIGNATURES = {
     "pkv_convert_from_f32": (ENUM, [ENUM, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
     "pkv_convert_to_f32": (ENUM, [ENUM, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
     "pkv_format_row_bytes": (ctypes.c_size_t, [ENUM, ctypes.c_size_t]),
+    "pkv_seq_export_size": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ExportArgs), ctypes.POINTER(U64)]),
+    "pkv_seq_export": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ExportArgs)]),
+    "pkv_seq_import": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ImportArgs), ctypes.POINTER(Seq)]),
+    "pkv_pool_regions": (ENUM, [ctypes.c_void_p, ctypes.POINTER(MemoryRegion), U32, ctypes.POINTER(U32)]),
+    "pkv_seq_page_spans": (ENUM, [ctypes.c_void_p, Seq, U32, U32, ctypes.POINTER(PageSpan), U64, ctypes.POINTER(U64)]),
 }
 
 # The library's major version this package speaks (its soname carries it: libpagedkv.so.0).

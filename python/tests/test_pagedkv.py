@@ -75,7 +75,8 @@ def _init_values(text, macro):
     (_ffi.ContextDesc, "PKV_CONTEXT_DESC_INIT"), (_ffi.BackendInfo, "PKV_BACKEND_INFO_INIT"),
     (_ffi.PoolDesc, "PKV_POOL_DESC_INIT"), (_ffi.WriteArgs, "PKV_WRITE_ARGS_INIT"),
     (_ffi.ReadArgs, "PKV_READ_ARGS_INIT"), (_ffi.DecodeArgs, "PKV_DECODE_ARGS_INIT"),
-    (_ffi.PoolStats, "PKV_POOL_STATS_INIT")])
+    (_ffi.PoolStats, "PKV_POOL_STATS_INIT"), (_ffi.ExportArgs, "PKV_EXPORT_ARGS_INIT"),
+    (_ffi.ImportArgs, "PKV_IMPORT_ARGS_INIT")])
 def test_defaults_match_header(cls, macro):
     values = _init_values(HEADER.read_text(), macro)
     made = _ffi.new_struct(cls)
@@ -220,3 +221,93 @@ def test_torch_host_tensors(rng):
         out = pool.decode(0, [s], q)
         assert isinstance(out, torch.Tensor)
         np.testing.assert_array_equal(out.numpy(), pool.decode(0, [s], q.numpy()))
+
+
+def _filled(pool, rng, lengths):
+    seqs = [pool.alloc() for _ in lengths]
+    pool.append(seqs, lengths)
+    for layer in range(pool.layers):
+        for s, n in zip(seqs, lengths):
+            shape = (n, pool.kv_heads, pool.head_dim)
+            pool.write(layer, [s], [n], rng.standard_normal(shape), rng.standard_normal(shape))
+    return seqs
+
+
+@pytest.mark.parametrize("k_format,v_format", [("f16", "q4_0"), ("q8_0", "bf16"), ("f32", "f32")])
+def test_export_import_round_trip(rng, k_format, v_format):
+    """An image imported into a second pool reads back and decodes the same bits; its re-export is the
+    same bytes."""
+    with pagedkv.Context(backend="cpu") as ctx, \
+            cpu_pool(ctx, k_format=k_format, v_format=v_format, page_order_seed=3) as a, \
+            cpu_pool(ctx, k_format=k_format, v_format=v_format, page_order_seed=9) as b:
+        seqs = _filled(a, rng, [int(rng.integers(1, 30)), int(rng.integers(1, 30))])
+        for s in seqs:
+            image = a.export_seq(s)
+            assert image.dtype == np.uint8 and image.nbytes == a.export_size(s)
+            t = b.import_seq(bytes(image))
+            assert len(t) == len(s)
+            for layer in range(a.layers):
+                for x, y in zip(a.read(layer, s), b.read(layer, t)):
+                    np.testing.assert_array_equal(x, y)
+            assert bytes(b.export_seq(t)) == bytes(image)
+            q = rng.standard_normal((1, 4, 32)).astype(np.float32)
+            np.testing.assert_array_equal(a.decode(1, [s], q), b.decode(1, [t], q))
+
+
+def test_swap_out_and_in(rng):
+    """export + free, then import: the pages come back, under a new handle, and the old one is stale."""
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        (s,) = _filled(pool, rng, [13])
+        before = pool.read(1, s)
+        free = pool.stats().pages_free
+        image = np.empty(pool.export_size(s), np.uint8)
+        pool.export_seq(s, out=image)
+        s.free()
+        assert pool.stats().pages_free == free + 4
+        t = pool.import_seq(image)
+        assert pool.stats().pages_free == free
+        for x, y in zip(before, pool.read(1, t)):
+            np.testing.assert_array_equal(x, y)
+        with pytest.raises(pagedkv.StaleHandleError):
+            len(s)
+        part = pool.export_seq(t, first_layer=1, layer_count=1)
+        assert part.nbytes - 128 == (image.nbytes - 128) // 2
+
+
+def test_bad_images_change_nothing(rng):
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool, cpu_pool(ctx, head_dim=64) as other:
+        (s,) = _filled(pool, rng, [9])
+        image = pool.export_seq(s)
+        stats = pool.stats()
+        corrupt = image.copy()
+        corrupt[-1] ^= 1
+        with pytest.raises(pagedkv.InvalidArgumentError, match="payload is corrupted"):
+            pool.import_seq(corrupt)
+        with pytest.raises(pagedkv.InvalidArgumentError, match="truncated"):
+            pool.import_seq(image[:-64])
+        future = image.copy()
+        future[8] = 2
+        with pytest.raises(pagedkv.VersionError, match="version 2"):
+            pool.import_seq(future)
+        with pytest.raises(pagedkv.InvalidArgumentError, match="head_dim is 32, the pool's 64"):
+            other.import_seq(image)
+        assert pool.stats() == stats
+        with pytest.raises(pagedkv.InvalidArgumentError, match="image_bytes is 16"):
+            pool.export_seq(s, out=np.empty(16, np.uint8))
+        with pytest.raises(ValueError, match="not a Sequence of this pool"):
+            other.export_seq(s)
+
+
+def test_regions_and_page_spans(rng):
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        (s,) = _filled(pool, rng, [10])
+        (region,) = pool.regions()
+        assert region.bytes == pool.stats().bytes_total
+        spans = s.page_spans()
+        assert len(spans) == 2 * pool.layers * 3
+        assert [(x.layer, x.index, x.part) for x in spans[:4]] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+        image = pool.export_seq(s)
+        # the CPU backend's region is host memory: the spans hold the image's payload, in order
+        payload = b"".join(ctypes.string_at(region.address + x.offset, x.bytes) for x in spans)
+        assert payload == bytes(image[128:])
+        assert s.page_spans(first_layer=1) == spans[len(spans) // 2:]

@@ -29,6 +29,7 @@ static const struct fact facts[] = {
     VALUE(PKV_BACKEND_AUTO, 0), VALUE(PKV_BACKEND_CPU, 1), VALUE(PKV_BACKEND_CUDA, 2), VALUE(PKV_BACKEND_HIP, 3),
     VALUE(PKV_FORMAT_INVALID, 0), VALUE(PKV_FORMAT_F32, 1), VALUE(PKV_FORMAT_F16, 2), VALUE(PKV_FORMAT_BF16, 3),
     VALUE(PKV_FORMAT_Q8_0, 4), VALUE(PKV_FORMAT_Q4_0, 5), VALUE(PKV_MEMORY_HOST, 0), VALUE(PKV_MEMORY_DEVICE, 1),
+    VALUE(PKV_MEMORY_HOST_PINNED, 2), VALUE(PKV_SEQ_IMAGE_VERSION, 1), VALUE(PKV_SEQ_IMAGE_HEADER_BYTES, 128),
 
     SIZE(pkv_context_desc, 24), ALIGN(pkv_context_desc, 8),
     AT(pkv_context_desc, struct_size, 0), AT(pkv_context_desc, backend, 4), AT(pkv_context_desc, device, 8),
@@ -69,8 +70,24 @@ static const struct fact facts[] = {
     AT(pkv_pool_stats, max_sequences, 20), AT(pkv_pool_stats, tokens_live, 24), AT(pkv_pool_stats, bytes_total, 32),
     AT(pkv_pool_stats, bytes_per_page, 40), AT(pkv_pool_stats, bytes_per_token, 48),
 
-    /* the function table: version 1, then version 2 */
-    SIZE(pkv_api, 8 + 8 * 28), ALIGN(pkv_api, 8),
+    SIZE(pkv_export_args, 48), ALIGN(pkv_export_args, 8),
+    AT(pkv_export_args, struct_size, 0), AT(pkv_export_args, seq, 8), AT(pkv_export_args, first_layer, 16),
+    AT(pkv_export_args, layer_count, 20), AT(pkv_export_args, memory, 24), AT(pkv_export_args, image, 32),
+    AT(pkv_export_args, image_bytes, 40),
+
+    SIZE(pkv_import_args, 24), ALIGN(pkv_import_args, 8),
+    AT(pkv_import_args, struct_size, 0), AT(pkv_import_args, memory, 4), AT(pkv_import_args, image, 8),
+    AT(pkv_import_args, image_bytes, 16),
+
+    SIZE(pkv_memory_region, 16), ALIGN(pkv_memory_region, 8),
+    AT(pkv_memory_region, address, 0), AT(pkv_memory_region, bytes, 8),
+
+    SIZE(pkv_page_span, 32), ALIGN(pkv_page_span, 8),
+    AT(pkv_page_span, region, 0), AT(pkv_page_span, layer, 4), AT(pkv_page_span, index, 8),
+    AT(pkv_page_span, part, 12), AT(pkv_page_span, offset, 16), AT(pkv_page_span, bytes, 24),
+
+    /* the function table: version 1, then versions 2 and 3 */
+    SIZE(pkv_api, 8 + 8 * 33), ALIGN(pkv_api, 8),
     AT(pkv_api, struct_size, 0), AT(pkv_api, api_version, 4),
     API(version, 0), API(version_string, 1), API(status_string, 2), API(last_error, 3), API(backend_name, 4),
     API(format_name, 5), API(context_create, 6), API(context_destroy, 7), API(context_backend, 8),
@@ -78,7 +95,8 @@ static const struct fact facts[] = {
     API(pool_destroy, 13), API(seq_alloc, 14), API(seq_free, 15), API(seq_fork, 16), API(seq_truncate, 17),
     API(seq_length, 18), API(append, 19), API(write, 20), API(read, 21), API(decode, 22),
     API(pool_get_stats, 23), API(convert_from_f32, 24), API(convert_to_f32, 25), API(format_row_bytes, 26),
-    API(decode_prepare, 27),
+    API(decode_prepare, 27), API(seq_export_size, 28), API(seq_export, 29), API(seq_import, 30),
+    API(pool_regions, 31), API(seq_page_spans, 32),
 };
 
 int main(void) {

@@ -50,6 +50,11 @@ static void table_holds_the_functions(void **state) {
   assert_ptr_equal(t->convert_to_f32, pkv_convert_to_f32);
   assert_ptr_equal(t->format_row_bytes, pkv_format_row_bytes);
   assert_ptr_equal(t->decode_prepare, pkv_decode_prepare);
+  assert_ptr_equal(t->seq_export_size, pkv_seq_export_size);
+  assert_ptr_equal(t->seq_export, pkv_seq_export);
+  assert_ptr_equal(t->seq_import, pkv_seq_import);
+  assert_ptr_equal(t->pool_regions, pkv_pool_regions);
+  assert_ptr_equal(t->seq_page_spans, pkv_seq_page_spans);
   /* the same table for every version asked for */
   const pkv_api *again = NULL;
   assert_int_equal(pkv_get_api(1, &again), PKV_OK);

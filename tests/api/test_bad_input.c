@@ -60,6 +60,10 @@ typedef struct fixture {
   float k[SRC_ROWS * ROW], v[SRC_ROWS * ROW];                    /* write sources */
   float rk[SRC_ROWS * ROW], rv[SRC_ROWS * ROW];                  /* read destinations */
   float q[3 * Q_HEADS * HEAD_DIM], out[3 * Q_HEADS * HEAD_DIM], lse[3 * Q_HEADS];
+  uint64_t image[1024]; /* an image of b (export, import); 8-byte words keep it 16-byte aligned or not on purpose */
+  pkv_page_span spans[64];
+  pkv_memory_region regions[2];
+  pkv_seq imported;
   snapshot before, after;
 } fixture;
 
@@ -229,6 +233,28 @@ static pkv_decode_args good_decode(fixture *f) {
   return pu_decode_args(1, f->batch, 3, Q_HEADS, f->q, f->out, f->lse);
 }
 
+/* b's whole image into f->image */
+static pkv_export_args good_export(fixture *f) {
+  pkv_export_args a = PKV_EXPORT_ARGS_INIT;
+  a.seq = f->b;
+  a.image = f->image;
+  a.image_bytes = sizeof f->image;
+  return a;
+}
+/* f->image, exported first (the import of it takes a slot and a page) */
+static pkv_import_args good_import(fixture *f) {
+  const pkv_export_args e = good_export(f);
+  CHECK_OK(pkv_seq_export(f->pool, &e));
+  pkv_import_args a = PKV_IMPORT_ARGS_INIT;
+  a.image = f->image;
+  a.image_bytes = sizeof f->image;
+  return a;
+}
+static pkv_status spans_of(fixture *f, pkv_seq s, uint32_t first, uint32_t count, uint64_t capacity) {
+  uint64_t n = 0;
+  return pkv_seq_page_spans(f->pool, s, first, count, f->spans, capacity, &n);
+}
+
 /* Creation calls clean up after themselves when they (wrongly or rightly) succeed. */
 static pkv_status try_ctx(const pkv_context_desc *d) {
   pkv_context *c = NULL;
@@ -266,6 +292,9 @@ static pkv_status try_pool(fixture *f, const pkv_pool_desc *d) {
 #define READ(fn, ...) EDIT(fn, pkv_read_args, good_read(f), pkv_read(f->pool, &a), __VA_ARGS__)
 #define DECODE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode(f->pool, &a), __VA_ARGS__)
 #define PREPARE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode_prepare(f->pool, &a), __VA_ARGS__)
+#define EXPORT_SIZE(fn, ...) EDIT(fn, pkv_export_args, good_export(f), pkv_seq_export_size(f->pool, &a, &f->image[0]), __VA_ARGS__)
+#define EXPORT(fn, ...) EDIT(fn, pkv_export_args, good_export(f), pkv_seq_export(f->pool, &a), __VA_ARGS__)
+#define IMPORT(fn, ...) EDIT(fn, pkv_import_args, good_import(f), pkv_seq_import(f->pool, &a, &f->imported), __VA_ARGS__)
 
 /* struct_size: 0, just the size field, all but the last field, one byte short of it, or larger than this
  * header's struct with the extra bytes zero (a newer caller's fields at their defaults). */
@@ -484,6 +513,54 @@ PREPARE(prepare_q_heads_3, a.q_heads = 3)
 PREPARE(prepare_q_tokens_past_length, a.q_tokens = 4)
 PREPARE(prepare_scale_nan, a.scale = NAN)
 PREPARE(prepare_memory_unknown, a.memory = (pkv_memory)5)
+/* Export, import, regions and spans */
+CALL(export_size_pool_null, pkv_export_args a = good_export(f); uint64_t n; return pkv_seq_export_size(NULL, &a, &n))
+CALL(export_size_args_null, uint64_t n; return pkv_seq_export_size(f->pool, NULL, &n))
+CALL(export_size_bytes_null, pkv_export_args a = good_export(f); return pkv_seq_export_size(f->pool, &a, NULL))
+SIZED(export_size_sized, pkv_export_args, image_bytes, good_export(f), pkv_seq_export_size(f->pool, a, &f->image[0]))
+EXPORT_SIZE(export_size_zero, a.seq.id = 0)
+EXPORT_SIZE(export_size_freed, a.seq = f->freed)
+EXPORT_SIZE(export_size_other_pool, a.seq = f->other)
+EXPORT_SIZE(export_size_first_layer_past_end, a.first_layer = LAYERS)
+EXPORT_SIZE(export_size_range_past_end, a.first_layer = 1; a.layer_count = LAYERS)
+CALL(export_pool_null, pkv_export_args a = good_export(f); return pkv_seq_export(NULL, &a))
+CALL(export_args_null, return pkv_seq_export(f->pool, NULL))
+SIZED(export_sized, pkv_export_args, image_bytes, good_export(f), pkv_seq_export(f->pool, a))
+EXPORT(export_image_null, a.image = NULL)
+EXPORT(export_image_bytes_short, a.image_bytes = PKV_SEQ_IMAGE_HEADER_BYTES)
+EXPORT(export_zero, a.seq.id = 0)
+EXPORT(export_freed, a.seq = f->freed)
+EXPORT(export_other_pool, a.seq = f->other)
+EXPORT(export_layer_past_end, a.first_layer = LAYERS)
+EXPORT(export_layer_count_past_end, a.layer_count = LAYERS + 1)
+EXPORT(export_layer_range_wrapping, a.first_layer = 1; a.layer_count = UINT32_MAX)
+EXPORT(export_memory_unknown, a.memory = (pkv_memory)3)
+EXPORT(export_memory_negative, a.memory = (pkv_memory)-1)
+EXPORT(export_device_unaligned, a.memory = PKV_MEMORY_DEVICE; a.image = (uint8_t *)f->image + 8)
+CALL(import_pool_null, pkv_import_args a = good_import(f); pkv_seq s; return pkv_seq_import(NULL, &a, &s))
+CALL(import_args_null, pkv_seq s; return pkv_seq_import(f->pool, NULL, &s))
+CALL(import_out_null, pkv_import_args a = good_import(f); return pkv_seq_import(f->pool, &a, NULL))
+SIZED(import_sized, pkv_import_args, image_bytes, good_import(f), pkv_seq_import(f->pool, a, &f->imported))
+IMPORT(import_image_null, a.image = NULL)
+IMPORT(import_image_bytes_0, a.image_bytes = 0)
+IMPORT(import_image_bytes_short_of_header, a.image_bytes = PKV_SEQ_IMAGE_HEADER_BYTES - 1)
+IMPORT(import_truncated, a.image_bytes = PKV_SEQ_IMAGE_HEADER_BYTES + 8)
+IMPORT(import_not_an_image, a.image = f->k)
+IMPORT(import_memory_unknown, a.memory = (pkv_memory)3)
+IMPORT(import_device_unaligned, a.memory = PKV_MEMORY_DEVICE; a.image = (uint8_t *)f->image + 8)
+CALL(regions_pool_null, uint32_t n; return pkv_pool_regions(NULL, f->regions, 2, &n))
+CALL(regions_count_null, return pkv_pool_regions(f->pool, f->regions, 2, NULL))
+CALL(regions_null_with_capacity, uint32_t n; return pkv_pool_regions(f->pool, NULL, 2, &n))
+CALL(spans_pool_null, uint64_t n; return pkv_seq_page_spans(NULL, f->a, 0, 0, f->spans, 64, &n))
+CALL(spans_count_null, return pkv_seq_page_spans(f->pool, f->a, 0, 0, f->spans, 64, NULL))
+CALL(spans_null_with_capacity, uint64_t n; return pkv_seq_page_spans(f->pool, f->a, 0, 0, NULL, 64, &n))
+CALL(spans_zero, pkv_seq z = {0}; return spans_of(f, z, 0, 0, 64))
+CALL(spans_freed, return spans_of(f, f->freed, 0, 0, 64))
+CALL(spans_other_pool, return spans_of(f, f->other, 0, 0, 64))
+CALL(spans_layer_past_end, return spans_of(f, f->a, LAYERS, 0, 64))
+CALL(spans_layer_count_past_end, return spans_of(f, f->a, 0, LAYERS + 1, 64))
+CALL(spans_capacity_short, return spans_of(f, f->a, 0, 0, 2 * LAYERS * 2 - 1)) /* a: 6 tokens, 2 pages */
+
 DECODE(decode_q_q8_0, a.q_format = PKV_FORMAT_Q8_0)
 DECODE(decode_q_invalid, a.q_format = PKV_FORMAT_INVALID)
 DECODE(decode_out_q4_0, a.out_format = PKV_FORMAT_Q4_0)
@@ -701,6 +778,53 @@ static const bad_case cases[] = {
     BAD(prepare_scale_nan, INVALID),
     BAD(prepare_memory_unknown, INVALID),
 
+    BAD(export_size_pool_null, INVALID),
+    BAD(export_size_args_null, INVALID),
+    BAD(export_size_bytes_null, INVALID),
+    SIZES(export_size_sized, 0),
+    BAD(export_size_zero, STALE),
+    BAD(export_size_freed, STALE),
+    BAD(export_size_other_pool, STALE),
+    BAD(export_size_first_layer_past_end, INVALID),
+    BAD(export_size_range_past_end, INVALID),
+    BAD(export_pool_null, INVALID),
+    BAD(export_args_null, INVALID),
+    SIZES(export_sized, 0),
+    BAD(export_image_null, INVALID),
+    BAD(export_image_bytes_short, INVALID),
+    BAD(export_zero, STALE),
+    BAD(export_freed, STALE),
+    BAD(export_other_pool, STALE),
+    BAD(export_layer_past_end, INVALID),
+    BAD(export_layer_count_past_end, INVALID),
+    BAD(export_layer_range_wrapping, INVALID),
+    BAD(export_memory_unknown, INVALID),
+    BAD(export_memory_negative, INVALID),
+    BAD(export_device_unaligned, INVALID),
+    BAD(import_pool_null, INVALID),
+    BAD(import_args_null, INVALID),
+    BAD(import_out_null, INVALID),
+    SIZES(import_sized, 1),
+    BAD(import_image_null, INVALID),
+    BAD(import_image_bytes_0, INVALID),
+    BAD(import_image_bytes_short_of_header, INVALID),
+    BAD(import_truncated, INVALID),
+    BAD(import_not_an_image, INVALID),
+    BAD(import_memory_unknown, INVALID),
+    BAD(import_device_unaligned, INVALID),
+    BAD(regions_pool_null, INVALID),
+    BAD(regions_count_null, INVALID),
+    BAD(regions_null_with_capacity, INVALID),
+    BAD(spans_pool_null, INVALID),
+    BAD(spans_count_null, INVALID),
+    BAD(spans_null_with_capacity, INVALID),
+    BAD(spans_zero, STALE),
+    BAD(spans_freed, STALE),
+    BAD(spans_other_pool, STALE),
+    BAD(spans_layer_past_end, INVALID),
+    BAD(spans_layer_count_past_end, INVALID),
+    BAD(spans_capacity_short, INVALID),
+
     BAD(from_f32_invalid, INVALID),
     BAD(from_f32_unknown, INVALID),
     BAD(from_f32_negative, INVALID),
@@ -768,6 +892,15 @@ static void valid_calls_succeed(void **state) {
   CHECK_OK(pkv_convert_to_f32(PKV_FORMAT_Q8_0, conv_dst, 32, conv_src));
   const pkv_api *api = NULL;
   CHECK_OK(pkv_get_api(PKV_API_VERSION, &api));
+  pkv_export_args e = good_export(f);
+  uint64_t bytes = 0;
+  CHECK_OK(pkv_seq_export_size(f->pool, &e, &bytes));
+  CHECK_OK(pkv_seq_export(f->pool, &e));
+  pkv_import_args i = good_import(f);
+  CHECK_OK(pkv_seq_import(f->pool, &i, &f->imported));
+  uint32_t n_regions = 0;
+  CHECK_OK(pkv_pool_regions(f->pool, f->regions, 2, &n_regions));
+  CHECK_OK(spans_of(f, f->a, 0, 0, 2 * LAYERS * 2));
   const pkv_seq s[2] = {f->empty, f->b};
   const uint32_t n[2] = {4, 1};
   CHECK_OK(pkv_append(f->pool, s, n, 2));

@@ -1,6 +1,7 @@
 // Device pointers, as engines pass them: K/V rows written from device memory, rows read back into
 // it, q (also at an address off 16-byte alignment), out and lse in it. The results must be the same
-// bits as the same calls with host pointers.
+// bits as the same calls with host pointers. Sequence images in device and pinned host memory, and
+// pages moved span by span as a transfer engine moves them.
 // And decode captured in a CUDA graph on the engine's stream: replayed after the batch grew (and
 // pkv_decode_prepare put the new plan on the device), it must give the same bits as a direct call;
 // on the HIP backend, which has no kernel that can be captured, the capture is refused; nor where
@@ -191,6 +192,127 @@ void grow(pkv_pool *pool, const pkv_seq *seqs, const uint32_t *n, uint32_t count
     tu_fill_uniform(rng, v.data(), v.size(), -2, 2);
     CHECK_OK(pu_write(pool, layer, seqs, n, count, PKV_FORMAT_F32, k.data(), v.data()));
   }
+}
+
+// Sequence images in device memory and in pinned host memory: the same bytes as the host-memory image
+// of the sequence (so the kernel's checksum is the host's formula: a CPU context imports the image),
+// and each imports into another pool to pages that export to those bytes again. Then the decode
+// side of a transfer engine: a sequence of the same length appended in that pool, the exporting
+// pool's spans copied device to device into its spans, and its decode the exporting pool's, bit for
+// bit (the queued page-table changes applied by the decode).
+void images_in_device_and_pinned_memory(void **) {
+  enum : uint32_t { KV = 2, Q = 8, D = 128, LAYERS = 3 };
+  tu_rng rng = tu_rng_make(tu_seed());
+  pkv_pool_desc d = pu_desc(LAYERS, KV, D, 16, 96, 4, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0);
+  d.page_order_seed = 5;
+  pkv_context *ctx;
+  pkv_pool *a, *b;
+  pu_open(&d, &ctx, &a);
+  pkv_backend backend;
+  CHECK_OK(pkv_context_backend(ctx, &backend));
+  if (backend != PKV_BACKEND_CUDA && !(backend == PKV_BACKEND_HIP && std::getenv("PKV_TEST_HIP_STANDIN"))) {
+    pu_close(ctx, a);
+    skip();
+  }
+  d.page_order_seed = 77;
+  CHECK_OK(pkv_pool_create(ctx, &d, &b));
+  std::string why;
+  const Driver *cu = pkv::cuda_driver(&why);
+  if (!cu) fail_msg("%s", why.c_str());
+  DeviceMemory mem(*cu);
+
+  pkv_seq s;
+  CHECK_OK(pkv_seq_alloc(a, &s));
+  const uint32_t len = 300 + tu_below(&rng, 400);
+  grow(a, &s, &len, 1, LAYERS, KV * D, &rng);
+  pkv_export_args e = PKV_EXPORT_ARGS_INIT;
+  e.seq = s;
+  uint64_t bytes = 0;
+  CHECK_OK(pkv_seq_export_size(a, &e, &bytes));
+  std::vector<uint8_t> host(bytes), again(bytes), back(bytes);
+  e.image = host.data();
+  e.image_bytes = bytes;
+  CHECK_OK(pkv_seq_export(a, &e));
+
+  void *device = mem.alloc(bytes), *pinned = nullptr;
+  check_cu(*cu, cu->cuMemHostAlloc(&pinned, bytes, 0), "cuMemHostAlloc");
+  struct {
+    pkv_memory memory;
+    void *image;
+    const char *name;
+  } kinds[] = {{PKV_MEMORY_HOST, again.data(), "host"}, {PKV_MEMORY_DEVICE, device, "device"},
+               {PKV_MEMORY_HOST_PINNED, pinned, "pinned host"}};
+  for (auto &k : kinds) {
+    e.memory = k.memory;
+    e.image = k.image;
+    CHECK_OK(pkv_seq_export(a, &e));
+    CHECK_OK(pkv_context_synchronize(ctx));
+    const std::vector<uint8_t> got = k.memory == PKV_MEMORY_DEVICE
+                                         ? mem.download<uint8_t>(k.image, bytes)
+                                         : std::vector<uint8_t>(static_cast<uint8_t *>(k.image),
+                                                                static_cast<uint8_t *>(k.image) + bytes);
+    if (got != host) fail_msg("the image exported to %s memory differs from the first host memory one", k.name);
+    pkv_import_args in = PKV_IMPORT_ARGS_INIT;
+    in.memory = k.memory;
+    in.image = k.image;
+    in.image_bytes = bytes;
+    pkv_seq t;
+    CHECK_OK(pkv_seq_import(b, &in, &t));
+    pkv_export_args out = e;
+    out.seq = t;
+    out.memory = PKV_MEMORY_HOST;
+    out.image = back.data();
+    CHECK_OK(pkv_seq_export(b, &out));
+    if (back != host) fail_msg("the sequence imported from %s memory exports another image", k.name);
+    CHECK_OK(pkv_seq_free(b, t));
+  }
+  cu->cuMemFreeHost(pinned);
+
+  // The checksum the device summed is the one the host computes: a CPU pool imports the image.
+  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  cd.backend = PKV_BACKEND_CPU;
+  pkv_context *cpu;
+  pkv_pool *c;
+  CHECK_OK(pkv_context_create(&cd, &cpu));
+  CHECK_OK(pkv_pool_create(cpu, &d, &c));
+  pkv_import_args in = PKV_IMPORT_ARGS_INIT;
+  in.image = host.data();
+  in.image_bytes = bytes;
+  pkv_seq on_cpu;
+  CHECK_OK(pkv_seq_import(c, &in, &on_cpu));
+  CHECK_OK(pkv_pool_destroy(c));
+  CHECK_OK(pkv_context_destroy(cpu));
+
+  // A transfer engine's moves: span i of a into span i of b's fresh sequence, device to device.
+  pkv_seq t;
+  CHECK_OK(pkv_seq_alloc(b, &t));
+  CHECK_OK(pkv_append(b, &t, &len, 1));
+  pkv_memory_region ra, rb;
+  uint32_t n_regions = 0;
+  CHECK_OK(pkv_pool_regions(a, &ra, 1, &n_regions));
+  CHECK_OK(pkv_pool_regions(b, &rb, 1, &n_regions));
+  uint64_t n = 0;
+  CHECK_OK(pkv_seq_page_spans(a, s, 0, 0, nullptr, 0, &n));
+  std::vector<pkv_page_span> sa(n), sb(n);
+  CHECK_OK(pkv_seq_page_spans(a, s, 0, 0, sa.data(), n, &n));
+  CHECK_OK(pkv_seq_page_spans(b, t, 0, 0, sb.data(), n, &n));
+  CHECK_OK(pkv_context_synchronize(ctx)); // a's writes are done before the engine reads its pages
+  for (uint64_t i = 0; i < n; i++)
+    check_cu(*cu, cu->cuMemcpyDtoDAsync(rb.address + sb[i].offset, ra.address + sa[i].offset, sa[i].bytes, nullptr),
+             "cuMemcpyDtoDAsync");
+  check_cu(*cu, cu->cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  std::vector<float> q(size_t(Q) * D), out_a(q.size(), NAN), out_b(q.size(), NAN);
+  tu_fill_uniform(&rng, q.data(), q.size(), -1, 1);
+  for (uint32_t layer = 0; layer < LAYERS; layer++) {
+    pkv_decode_args da = pu_decode_args(layer, &s, 1, Q, q.data(), out_a.data(), nullptr);
+    CHECK_OK(pkv_decode(a, &da));
+    pkv_decode_args db = pu_decode_args(layer, &t, 1, Q, q.data(), out_b.data(), nullptr);
+    CHECK_OK(pkv_decode(b, &db));
+    if (std::memcmp(out_a.data(), out_b.data(), out_a.size() * 4) != 0)
+      fail_msg("layer %u: the sequence moved span by span decodes differently", layer);
+  }
+  CHECK_OK(pkv_pool_destroy(b));
+  pu_close(ctx, a);
 }
 
 // A context on a stream of the test's own, as an engine makes one, and device memory. Made only after
@@ -387,6 +509,7 @@ void tensor_core_kernel_needs_its_shared_memory(void **) {
 
 int main() {
   const struct CMUnitTest tests[] = {cmocka_unit_test(device_pointers_match_host_pointers),
+                                     cmocka_unit_test(images_in_device_and_pinned_memory),
                                      cmocka_unit_test(captured_decode_replays_after_the_batch_grows),
                                      cmocka_unit_test(capture_refused_on_hip),
                                      cmocka_unit_test(tensor_core_kernel_needs_its_shared_memory)};

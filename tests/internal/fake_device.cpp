@@ -1,6 +1,7 @@
 #include "fake_device.hpp"
 
 #include "kernels/kernel_params.h"
+#include "seq_image.hpp"
 
 #include <algorithm>
 #include <cstdarg>
@@ -184,9 +185,35 @@ Call FakeDevice::launch(pkv::gpu::Function f, unsigned gx, unsigned gy, unsigned
         return {1, "launch (of a decode whose chunk counters are not zero)"};
     }
   }
+  if (it->second == "pkv_copy_image" && !copy_image(*static_cast<const PkvImageParams *>(params[0]), gx))
+    return {1, "launch (of an image copy past the end of an allocation)"};
   record("launch %s: %ux%ux%u blocks of %ux%ux%u, %u bytes shared", it->second.c_str(), gx, gy, gz, bx, by, bz,
          shared_bytes);
   return ok("launch");
+}
+
+// What pkv_copy_image does (lib/kernels/pages.cu), so that images pass through the stand-in whole.
+bool FakeDevice::copy_image(const PkvImageParams &p, unsigned blocks) {
+  const uint64_t block = p.pool.block_bytes;
+  const uint8_t *pages = at(p.pages, uint64_t(p.count) * 4);
+  uint8_t *sum = at(p.sum, 8), *payload = at(p.payload, blocks * block);
+  if (!pages || !sum || !payload) return false;
+  uint64_t total;
+  std::memcpy(&total, sum, 8);
+  for (uint64_t i = 0; i < blocks; i++) {
+    const uint64_t b = p.first_block + i;
+    uint32_t page;
+    std::memcpy(&page, pages + 4 * (b % p.count), 4);
+    const uint32_t layer = p.first_layer + uint32_t(b / p.count);
+    uint8_t *in_pool = at(p.pool.base + (uint64_t(layer) * p.pool.pages + page) * block, block);
+    if (!in_pool) return false;
+    uint8_t *in_payload = payload + i * block;
+    if (p.to_image) std::memcpy(in_payload, in_pool, block);
+    else std::memcpy(in_pool, in_payload, block);
+    total += pkv::image_checksum(in_payload, block, b * block / 8);
+  }
+  std::memcpy(sum, &total, 8);
+  return true;
 }
 
 Call FakeDevice::shared_per_block(int *bytes) {

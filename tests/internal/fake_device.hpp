@@ -3,7 +3,8 @@
 // the allocation it touches, as a real device would insist, and a copy from pinned memory must not
 // reuse a buffer that an earlier transfer, for all the host has waited for, may still be reading
 // (the host has rewritten it): a real device copies asynchronously. A decode kernel must find its
-// chunk counters zero, as the kernels leave them (lib/kernels/kernel_params.h). Its ledger, which may outlive it, counts
+// chunk counters zero, as the kernels leave them (lib/kernels/kernel_params.h). The image copy kernel
+// is the one launch it carries out, so that exported images and imported pages are whole. Its ledger, which may outlive it, counts
 // what is alive (no leak leaves a count above 0) and can record what the backend asked of it.
 //
 // The device's own memory comes from malloc, not operator new: in the fault injection build
@@ -109,6 +110,7 @@ class FakeDevice final : public pkv::gpu::Device, public pkv::gpu::TensorCores {
   // Ends a handle of `thing`: a call on one that is not alive fails, as the runtime's would.
   pkv::gpu::Call end(const void *h, FakeLedger::Thing thing, const char *what);
   void record(const char *format, ...) PKV_PRINTF_LIKE(2, 3);
+  bool copy_image(const struct PkvImageParams &p, unsigned blocks);
 
   static constexpr unsigned char image_[1] = {0};
   pkv::gpu::Images images_{image_, image_, image_, image_, "fake"};

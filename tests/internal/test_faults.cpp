@@ -245,6 +245,42 @@ void queries(World &w) { w.k = rows(4 * kQTokens * kQHeads / kKvHeads, 0.5f); }
 
 constexpr size_t kDecodeOut = 4 * kQTokens * kQHeads * (kHeadDim + 1) * sizeof(float);
 
+// The image of the written sequence (10 tokens, 3 pages of both layers) fits in this many bytes.
+constexpr size_t kImageBytes = 16384;
+
+pkv_export_args export_of(World &w, void *image, pkv_memory memory = PKV_MEMORY_HOST) {
+  pkv_export_args a = PKV_EXPORT_ARGS_INIT;
+  a.seq = w.a;
+  a.memory = memory;
+  a.image = image;
+  a.image_bytes = kImageBytes;
+  return a;
+}
+
+// The written sequence's image, in w.k, for an import to read.
+void image_of_a(World &w) {
+  w.k.assign(kImageBytes / sizeof(float), 0.0f);
+  const pkv_export_args a = export_of(w, w.k.data());
+  ok(pkv_seq_export(w.pool, &a), "export");
+}
+
+// An export, and an import of the image image_of_a made, from host memory said to be pinned or not
+// (the stand-in copies any host memory; the GPU backend copies pinned memory without staging). The
+// export is waited for, so its output is complete.
+pkv_status export_into_out(World &w, pkv_memory memory) {
+  const pkv_export_args a = export_of(w, w.out.data(), memory);
+  const pkv_status st = pkv_seq_export(w.pool, &a);
+  return st == PKV_OK ? pkv_context_synchronize(w.ctx) : st;
+}
+
+pkv_status import_from_k(World &w, pkv_memory memory) {
+  pkv_import_args a = PKV_IMPORT_ARGS_INIT;
+  a.memory = memory;
+  a.image = w.k.data();
+  a.image_bytes = kImageBytes;
+  return pkv_seq_import(w.pool, &a, &w.new_seq);
+}
+
 const Scenario kScenarios[] = {
     {"context_create", 0, nullptr, [](World &w) { return context_create(w, g_backend, &w.new_ctx); }, true, Reach::device},
     {"context_create_auto", 0, nullptr, [](World &w) { return context_create(w, PKV_BACKEND_AUTO, &w.new_ctx); }, true, Reach::api},
@@ -294,6 +330,31 @@ const Scenario kScenarios[] = {
        return pkv_read(w.pool, &a); }, true, Reach::device},
     {"decode", kDecodeOut, queries, [](World &w) { return decode(w, true); }, true, Reach::device},
     {"decode_prepare", kDecodeOut, queries, [](World &w) { return decode(w, false); }, true, Reach::device},
+    {"seq_export_size", 8, nullptr, [](World &w) {
+       const pkv_export_args a = export_of(w, nullptr);
+       uint64_t n = 0;
+       const pkv_status st = pkv_seq_export_size(w.pool, &a, &n);
+       put(w, n);
+       return st; }, true, Reach::api},
+    {"seq_export", kImageBytes, nullptr, [](World &w) { return export_into_out(w, PKV_MEMORY_HOST); }, true,
+     Reach::device},
+    {"seq_export_pinned", kImageBytes, nullptr, [](World &w) { return export_into_out(w, PKV_MEMORY_HOST_PINNED); },
+     true, Reach::device},
+    {"seq_import", 0, image_of_a, [](World &w) { return import_from_k(w, PKV_MEMORY_HOST); }, true, Reach::device},
+    {"seq_import_pinned", 0, image_of_a, [](World &w) { return import_from_k(w, PKV_MEMORY_HOST_PINNED); }, true,
+     Reach::device},
+    {"pool_regions", sizeof(pkv_memory_region) + 4, nullptr, [](World &w) {
+       pkv_memory_region r{};
+       uint32_t n = 0;
+       const pkv_status st = pkv_pool_regions(w.pool, &r, 1, &n);
+       r.address = 0; // where the pool is differs between fixtures
+       put(w, r);
+       std::memcpy(w.out.data() + sizeof r, &n, 4);
+       return st; }, true, Reach::api},
+    {"seq_page_spans", 2 * kLayers * 3 * sizeof(pkv_page_span), nullptr, [](World &w) {
+       uint64_t n = 0;
+       return pkv_seq_page_spans(w.pool, w.fork, 0, 0, reinterpret_cast<pkv_page_span *>(w.out.data()),
+                                 2 * kLayers * 3, &n); }, true, Reach::api},
     {"pool_get_stats", sizeof(pkv_pool_stats), nullptr, [](World &w) {
        pkv_pool_stats st = PKV_POOL_STATS_INIT;
        const pkv_status r = pkv_pool_get_stats(w.pool, &st);

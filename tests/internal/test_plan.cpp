@@ -319,6 +319,12 @@ class ConfigBackend final : public Backend {
   void gather(const PoolGeometry &, const GatherArgs &) override { fail_msg("unexpected gather"); }
   void prepare_decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected prepare_decode"); }
   void decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected decode"); }
+  void export_image(const PoolGeometry &, const ExportArgs &) override { fail_msg("unexpected export_image"); }
+  uint64_t import_image(const PoolGeometry &, const ImportArgs &) override {
+    fail_msg("unexpected import_image");
+    return 0;
+  }
+  void read_caller(void *, const void *, pkv_memory, uint64_t) override { fail_msg("unexpected read_caller"); }
   void synchronize() override {}
   double read_bandwidth(uint64_t) override { return 0.0; }
 };

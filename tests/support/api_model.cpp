@@ -66,7 +66,7 @@ class Model {
   // One call and the checks after it.
   void step(uint32_t call) {
     call_ = call;
-    switch (in_.next(9)) {
+    switch (in_.next(10)) {
     case 0: alloc(); break;
     case 1: free_one(); break;
     case 2: fork(); break;
@@ -75,6 +75,7 @@ class Model {
     case 5: write(); break;
     case 6: read(); break;
     case 7: decode(); break;
+    case 8: swap(); break;
     default: bad_call(); break;
     }
     check_state();
@@ -133,8 +134,9 @@ class Model {
     live_.push_back(s);
   }
 
-  void free_one() {
-    const pkv_seq h = pick();
+  void free_one() { free_one_of(pick()); }
+
+  void free_one_of(pkv_seq h) {
     MSeq *s = find(h);
     expect(pkv_seq_free(pool_, h), s ? PKV_OK : PKV_ERR_STALE_HANDLE, "free");
     if (!s) return;
@@ -167,6 +169,40 @@ class Model {
     drop_pages(*s, pages_for(n));
     s->len = n;
     s->rows.resize(size_t(n) * d_.layers);
+  }
+
+  // Export, free, import: the rows come back in fresh pages under a new handle. Sometimes an image
+  // corrupted in one payload byte is imported first, which must fail and change nothing.
+  void swap() {
+    const pkv_seq h = pick();
+    MSeq *s = find(h);
+    pkv_export_args e = PKV_EXPORT_ARGS_INIT;
+    e.seq = h;
+    uint64_t bytes = 0;
+    expect(pkv_seq_export_size(pool_, &e, &bytes), s ? PKV_OK : PKV_ERR_STALE_HANDLE, "export_size");
+    std::vector<uint8_t> image(s ? bytes : 256);
+    e.image = image.data();
+    e.image_bytes = image.size();
+    expect(pkv_seq_export(pool_, &e), s ? PKV_OK : PKV_ERR_STALE_HANDLE, "export");
+    if (!s) return;
+    MSeq back = *s;
+    free_one_of(h);
+    pkv_import_args in = PKV_IMPORT_ARGS_INIT;
+    in.image = image.data();
+    in.image_bytes = bytes;
+    // The pages are counted before the payload is summed.
+    const bool fits = pages_for(back.len) <= free_pages();
+    if (bytes > PKV_SEQ_IMAGE_HEADER_BYTES && in_.next(4) == 0) {
+      image[PKV_SEQ_IMAGE_HEADER_BYTES + in_.next(uint32_t(bytes) - PKV_SEQ_IMAGE_HEADER_BYTES)] ^= 1;
+      expect(pkv_seq_import(pool_, &in, &back.h), fits ? PKV_ERR_INVALID_ARGUMENT : PKV_ERR_OUT_OF_PAGES,
+             "import of a corrupted image");
+      return;
+    }
+    expect(pkv_seq_import(pool_, &in, &back.h), fits ? PKV_OK : PKV_ERR_OUT_OF_PAGES, "import");
+    if (!fits) return;
+    back.pages.clear();
+    for (uint32_t i = 0; i < pages_for(back.len); i++) back.pages.push_back(take_page());
+    live_.push_back(back);
   }
 
   // A batch of 1-3 handles, each with a count; the status the library owes it (stale before

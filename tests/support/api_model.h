@@ -1,6 +1,7 @@
 /* A driver of random API call sequences checked against a reference model, shared by the libFuzzer
  * harness (tests/fuzz/fuzz_api.cpp) and test_random_calls: bytes choose a small pool and then the
- * calls (alloc, free, fork, truncate, append, write, read, decode, stats; valid and not). After
+ * calls (alloc, free, fork, truncate, append, write, read, decode, stats, a swap out and in through
+ * export and import; valid and not). After
  * every call the pool must agree with the model: a failed call has a text and changed nothing; a
  * successful one changed what the model says (lengths, live sequences, pages in use and shared,
  * tokens, and every written row read back). */

@@ -14,6 +14,10 @@ class BenchDevice {
   virtual void *alloc(size_t bytes) = 0; // freed with the device, or by release
   virtual void release(void *ptr) = 0;
   virtual void upload(void *dst, const void *src, size_t bytes) = 0;
+  virtual void *alloc_pinned(size_t bytes) = 0; // page-locked host memory, freed by release_pinned
+  virtual void release_pinned(void *ptr) = 0;
+  enum Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+  virtual void copy(void *dst, const void *src, size_t bytes, Direction d) = 0; // queued on the stream
   virtual void start() = 0;      // holds the stream briefly, then records the start event on it
   virtual double stop_us() = 0;  // records the end event, waits for it, returns the time between
   virtual std::string name() = 0;

@@ -80,6 +80,24 @@ class CudaBenchDevice final : public BenchDevice {
     check(cu_.cuStreamSynchronize(stream_), "cuStreamSynchronize");
   }
 
+  void *alloc_pinned(size_t bytes) override {
+    void *p = nullptr;
+    check(cu_.cuMemHostAlloc(&p, bytes ? bytes : 1, 0), "cuMemHostAlloc");
+    return p;
+  }
+
+  void release_pinned(void *ptr) override {
+    cu_.cuStreamSynchronize(stream_);
+    cu_.cuMemFreeHost(ptr);
+  }
+
+  void copy(void *dst, const void *src, size_t bytes, Direction d) override {
+    const CUdeviceptr to = reinterpret_cast<CUdeviceptr>(dst), from = reinterpret_cast<CUdeviceptr>(src);
+    if (d == kHostToDevice) check(cu_.cuMemcpyHtoDAsync(to, src, bytes, stream_), "cuMemcpyHtoDAsync");
+    else if (d == kDeviceToHost) check(cu_.cuMemcpyDtoHAsync(dst, from, bytes, stream_), "cuMemcpyDtoHAsync");
+    else check(cu_.cuMemcpyDtoDAsync(to, from, bytes, stream_), "cuMemcpyDtoDAsync");
+  }
+
   void start() override {
     unsigned long long ns = kHoldNs;
     void *args[] = {&ns};

@@ -2,7 +2,8 @@
 // bandwidth and against a contiguous padded baseline, append throughput and host overhead, as
 // docs/benchmarks.md specifies (the matrix, the flags and the columns). Public API only.
 // Here: the options, which workloads run, and the run. The matrix is in workloads.cpp, the
-// measurements in decode.cpp, append.cpp and overhead.cpp, the tables and the JSON in output.cpp.
+// measurements in decode.cpp, append.cpp, overhead.cpp and transfer.cpp, the tables and the JSON in
+// output.cpp.
 #include "pagedkv.h"
 
 #include "common.hpp"
@@ -61,7 +62,9 @@ void usage() {
       "  base us    the same decode over a contiguous, padded cache (the baseline)\n"
       "  ratio      base us / time us: above 1, paging is faster than padding\n"
       "append rows: rows written per call, time per call, rows/s, and GB/s of the f16 source and of the\n"
-      "pages written; host overhead rows: the host time of one call of each kind.\n"
+      "pages written; host overhead rows: the host time of one call of each kind; sequence image rows:\n"
+      "pkv_seq_export/pkv_seq_import of one sequence (32 layers; 32K tokens with --full, else 4K) to and\n"
+      "from host (pinned on a GPU) and device memory, MB, time, GB/s, and a plain copy of the same bytes.\n"
       "Rows print as each workload finishes; the JSON file is rewritten after each row.\n");
 }
 
@@ -150,7 +153,15 @@ int main(int argc, char **argv) {
       std::string id = strf("append-%s/%s/%s", prefill ? "prefill4K" : "step128", kShapes[0].name, pkv_format_name(f));
       if (filter.empty() || id.find(filter) != std::string::npos) appends.push_back({f, prefill});
     }
-  if (!filter.empty() && run.empty() && appends.empty() &&
+  // Sequence images: F16 and Q4_0 pages, every direction and memory.
+  const uint32_t image_tokens = full ? 32768 : 4096;
+  std::vector<std::pair<const TransferItem *, const Formats *>> transfers;
+  for (const Formats *f : {&kFormats[0], &kFormats[3]})
+    for (const TransferItem &it : kTransfers) {
+      std::string id = strf("%s-%s/%s/%s/%uK", it.op, it.where, kShapes[0].name, f->name, image_tokens / 1024);
+      if (filter.empty() || id.find(filter) != std::string::npos) transfers.push_back({&it, f});
+    }
+  if (!filter.empty() && run.empty() && appends.empty() && transfers.empty() &&
       std::none_of(std::begin(kOverhead), std::end(kOverhead),
                    [&](const OverheadItem &it) { return std::strstr(it.id, filter.c_str()) != nullptr; })) {
     bool in_full = false;
@@ -169,6 +180,8 @@ int main(int argc, char **argv) {
       std::printf("append-%s/%s/%s\n", a.second ? "prefill4K" : "step128", kShapes[0].name, pkv_format_name(a.first));
     for (const OverheadItem &it : kOverhead)
       if (filter.empty() || std::strstr(it.id, filter.c_str())) std::printf("%s\n", it.id);
+    for (auto &t : transfers)
+      std::printf("%s-%s/%s/%s/%uK\n", t.first->op, t.first->where, kShapes[0].name, t.second->name, image_tokens / 1024);
     return 0;
   }
 
@@ -231,7 +244,7 @@ int main(int argc, char **argv) {
   for (const Workload &w : run) {
     dec.push_back(measure_decode(e, w));
     print_decode_row(dec.back());
-    write_json(json_path.c_str(), e, m, dec, {}, {});
+    write_json(json_path.c_str(), e, m, dec, {}, {}, {});
   }
   if (!full) print_left_to_full(run, filter); // what the default run leaves to --full, by workload
 
@@ -241,7 +254,16 @@ int main(int argc, char **argv) {
   for (auto &a : appends) {
     app.push_back(measure_append(e, a.first, a.second));
     print_append_row(app.back());
-    write_json(json_path.c_str(), e, m, dec, app, {});
+    write_json(json_path.c_str(), e, m, dec, app, {}, {});
+  }
+
+  // Sequence images.
+  std::vector<TransferResult> xfer;
+  if (!transfers.empty()) print_transfer_header();
+  for (auto &t : transfers) {
+    xfer.push_back(measure_transfer(e, *t.first, *t.second, image_tokens));
+    print_transfer_row(xfer.back());
+    write_json(json_path.c_str(), e, m, dec, app, {}, xfer);
   }
 
   // Host overhead.
@@ -249,11 +271,12 @@ int main(int argc, char **argv) {
   if (!ovh.empty()) print_overhead_header();
   for (const OverheadResult &r : ovh) print_overhead_row(r);
 
-  write_json(json_path.c_str(), e, m, dec, app, ovh);
+  write_json(json_path.c_str(), e, m, dec, app, ovh, xfer);
   int errors = 0;
   for (auto &r : dec) errors += r.status == "error";
   for (auto &r : app) errors += r.status == "error";
   for (auto &r : ovh) errors += r.status == "error";
+  for (auto &r : xfer) errors += r.status == "error";
   pkv_status st = pkv_context_destroy(e.ctx);
   if (st != PKV_OK) {
     std::fprintf(stderr, "pkv-bench: pkv_context_destroy: %s: %s\n", pkv_status_string(st), pkv_last_error());

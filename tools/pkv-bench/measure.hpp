@@ -1,5 +1,5 @@
 // The measurements, one file each: decode against the padded baseline (decode.cpp), append
-// throughput (append.cpp), host overhead (overhead.cpp). Each returns its rows' results; a skipped or
+// throughput (append.cpp), host overhead (overhead.cpp), sequence images (transfer.cpp). Each returns its rows' results; a skipped or
 // failed measurement says why in its result rather than throwing.
 #pragma once
 
@@ -52,5 +52,25 @@ struct OverheadResult {
 
 // The items whose id contains filter (all with an empty one).
 std::vector<OverheadResult> measure_overhead(Env &e, const std::string &filter);
+
+// ---------------------------------------------------------------------------------------------
+// Sequence images: pkv_seq_export / pkv_seq_import of one sequence of 32 layers (gqa4-d128, pages of
+// 16) to and from host memory (pinned on a GPU) and device memory, against a plain copy of the same
+// bytes in the same direction.
+
+struct TransferItem {
+  const char *op, *where; // "export"/"import", "host"/"device"
+  bool device, to_image;
+};
+extern const TransferItem kTransfers[4];
+
+struct TransferResult {
+  const TransferItem *item = nullptr;
+  std::string id, status = "ok", reason;
+  uint64_t bytes = 0;
+  double us = 0, gbs = 0, copy_us = 0, copy_gbs = 0, pct = 0;
+};
+
+TransferResult measure_transfer(Env &e, const TransferItem &it, const Formats &f, uint32_t tokens);
 
 } // namespace bench

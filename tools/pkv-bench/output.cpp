@@ -91,8 +91,22 @@ void print_overhead_row(const OverheadResult &r) {
     std::printf("%-34s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
 }
 
+void print_transfer_header() {
+  std::printf("\n%-34s %10s %10s %8s %10s %8s  %s\n", "sequence images", "MB", "time us", "GB/s", "copy GB/s", "% copy",
+              "(copy: the same bytes, same direction)");
+}
+
+void print_transfer_row(const TransferResult &r) {
+  if (r.status == "ok")
+    std::printf("%-34s %10.1f %10.1f %8.2f %10.2f %8.1f\n", r.id.c_str(), r.bytes / 1e6, r.us, r.gbs, r.copy_gbs, r.pct);
+  else
+    std::printf("%-34s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
+  std::fflush(stdout);
+}
+
 void write_json(const char *path, const Env &e, const Meta &m, const std::vector<DecodeResult> &dec,
-                const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh) {
+                const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh,
+                const std::vector<TransferResult> &xfer) {
   // Written whole after every row, through a temporary file, so the file is always complete JSON.
   const std::string tmp = std::string(path) + ".tmp";
   FILE *f = std::fopen(tmp.c_str(), "w");
@@ -160,6 +174,18 @@ void write_json(const char *path, const Env &e, const Meta &m, const std::vector
                  i ? "," : "", json_str(r.id).c_str(), json_str(r.what).c_str(), json_str(r.status).c_str(),
                  json_str(r.reason).c_str(), r.status == "ok" ? json_num(r.value).c_str() : "null",
                  json_str(r.unit).c_str());
+  }
+  std::fprintf(f, "\n  ],\n  \"transfer\": [");
+  for (size_t i = 0; i < xfer.size(); i++) {
+    const TransferResult &r = xfer[i];
+    const bool ok = r.status == "ok";
+    std::fprintf(f, "%s\n    {\"id\": %s, \"status\": %s, \"reason\": %s, \"op\": %s, \"memory\": %s, \"bytes\": %llu, "
+                    "\"time_us\": %s, \"gbs\": %s, \"copy_time_us\": %s, \"copy_gbs\": %s, \"pct_of_copy\": %s}",
+                 i ? "," : "", json_str(r.id).c_str(), json_str(r.status).c_str(), json_str(r.reason).c_str(),
+                 json_str(r.item->op).c_str(), json_str(r.item->where).c_str(), (unsigned long long)r.bytes,
+                 ok ? json_num(r.us).c_str() : "null", ok ? json_num(r.gbs).c_str() : "null",
+                 ok ? json_num(r.copy_us).c_str() : "null", ok ? json_num(r.copy_gbs).c_str() : "null",
+                 ok ? json_num(r.pct, "%.2f").c_str() : "null");
   }
   std::fprintf(f, "\n  ]\n}\n");
   if (std::fclose(f) != 0 || std::rename(tmp.c_str(), path) != 0)

@@ -27,7 +27,11 @@ void print_append_row(const AppendResult &r);
 void print_overhead_header();
 void print_overhead_row(const OverheadResult &r);
 
+void print_transfer_header();
+void print_transfer_row(const TransferResult &r);
+
 void write_json(const char *path, const Env &e, const Meta &m, const std::vector<DecodeResult> &dec,
-                const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh);
+                const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh,
+                const std::vector<TransferResult> &xfer);
 
 } // namespace bench
