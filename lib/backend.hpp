@@ -121,7 +121,9 @@ class Backend {
   // The bytes of a pool's plan buffer (0: the backend keeps no plan buffer).
   virtual uint64_t plan_buffer_bytes(const PoolGeometry &) { return 0; }
 
-  // Throws PKV_ERR_OUT_OF_MEMORY when the device has too little. Memory need not be zeroed.
+  // Zeroed memory (by the time work queued after the call runs), so that slots appended but never
+  // written read as zeros on every backend. Throws PKV_ERR_OUT_OF_MEMORY when the device has too
+  // little.
   virtual DevPtr alloc(uint64_t bytes) = 0;
   virtual void release(DevPtr ptr) noexcept = 0;
 

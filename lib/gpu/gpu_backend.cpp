@@ -119,14 +119,23 @@ class GpuBackend final : public Backend {
     return plan_layout(g.max_sequences, kernels_->plan_limits(g).records).bytes;
   }
 
+  // Zeroed on the stream (a fill of whole words: the allocation is rounded up to them), as the CPU
+  // backend's calloc: a pool's memory may hold what an earlier allocation left, NaN patterns of
+  // another format among it.
   DevPtr alloc(uint64_t bytes) override {
     Current current(rt_);
     DevPtr p = 0;
-    const Call c = dev_->alloc(&p, size_t(std::max<uint64_t>(bytes, 1)));
+    const uint64_t words = std::max<uint64_t>((bytes + 3) / 4, 1);
+    const Call c = dev_->alloc(&p, size_t(words * 4));
     if (c.result == kOutOfMemory)
       fail(PKV_ERR_OUT_OF_MEMORY, "%s of %llu bytes: the device has too little free memory", c.name,
            (unsigned long long)bytes);
     rt_.check(c);
+    const Call zero = dev_->fill32(p, 0, size_t(words), rt_.stream);
+    if (zero.result != kSuccess) {
+      dev_->free(p);
+      rt_.check(zero);
+    }
     return p;
   }
 

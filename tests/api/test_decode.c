@@ -575,18 +575,54 @@ static void add_tests(struct CMUnitTest *t, size_t *n, const char *kind, const s
   }
 }
 
+/* Slots appended but never written read as zeros on every backend: a pool whose memory an earlier
+ * pool of the same size had filled with NaN (a GPU's allocator hands the same memory back), decoded
+ * over unwritten slots only, gives out 0 and lse log(n) exactly as the CPU backend's zeroed pages do. */
+static void unwritten_slots_read_as_zeros(void **state) {
+  (void)state;
+  enum { PAGES = 64, PAGE = 16, D = 128, KVH = 2, QH = 4 };
+  const uint32_t n = PAGES * PAGE - 5;
+  const pkv_pool_desc d = pu_desc(1, KVH, D, PAGE, PAGES, 4, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  pkv_context *ctx;
+  pkv_pool *pool;
+  pkv_seq s;
+  pu_open(&d, &ctx, &pool);
+  assert_int_equal(pkv_seq_alloc(pool, &s), PKV_OK);
+  assert_int_equal(pkv_append(pool, &s, &n, 1), PKV_OK);
+  float *rows = pu_malloc((size_t)n * KVH * D * sizeof *rows);
+  for (size_t i = 0; i < (size_t)n * KVH * D; i++) rows[i] = NAN;
+  assert_int_equal(pu_write(pool, 0, &s, &n, 1, PKV_FORMAT_F32, rows, rows), PKV_OK);
+  assert_int_equal(pkv_pool_destroy(pool), PKV_OK);
+
+  assert_int_equal(pkv_pool_create(ctx, &d, &pool), PKV_OK);
+  assert_int_equal(pkv_seq_alloc(pool, &s), PKV_OK);
+  assert_int_equal(pkv_append(pool, &s, &n, 1), PKV_OK);
+  float q[QH * D], out[QH * D], lse[QH];
+  for (int i = 0; i < QH * D; i++) q[i] = 1.0f, out[i] = NAN;
+  pkv_decode_args a = pu_decode_args(0, &s, 1, QH, q, out, lse);
+  assert_int_equal(pkv_decode(pool, &a), PKV_OK);
+  for (int i = 0; i < QH * D; i++)
+    if (out[i] != 0.0f) fail_msg("out[%d] = %g over never-written slots: expected 0", i, (double)out[i]);
+  for (int h = 0; h < QH; h++)
+    if (!(fabs(lse[h] - log((double)n)) <= 1e-5)) fail_msg("lse[%d] = %.7f, expected log(%u)", h, (double)lse[h], n);
+  free(rows);
+  pu_close(ctx, pool);
+}
+
 int main(void) {
   g_seed = tu_seed();
-  struct CMUnitTest tests[TU_COUNT(matrix) + TU_COUNT(split) + TU_COUNT(spec) + TU_COUNT(interleave)];
+  struct CMUnitTest tests[TU_COUNT(matrix) + TU_COUNT(split) + TU_COUNT(spec) + TU_COUNT(interleave) + 1];
   size_t n = 0;
   add_tests(tests, &n, "matrix", matrix, TU_COUNT(matrix), matrix_case);
   add_tests(tests, &n, "split", split, TU_COUNT(split), split_case);
   add_tests(tests, &n, "spec", spec, TU_COUNT(spec), spec_case);
   add_tests(tests, &n, "interleave", interleave, TU_COUNT(interleave), interleave_case);
+  const size_t named = n; /* add_tests' names are allocated */
+  tests[n++] = (struct CMUnitTest)cmocka_unit_test(unwritten_slots_read_as_zeros);
   /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
   const char *filter = getenv("PKV_TEST_FILTER");
   if (filter && *filter) cmocka_set_test_filter(filter);
   int failed = tu_run_group("decode", tests, n, NULL, NULL);
-  for (size_t i = 0; i < n; i++) free((void *)tests[i].name);
+  for (size_t i = 0; i < named; i++) free((void *)tests[i].name);
   return failed;
 }
