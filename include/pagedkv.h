@@ -16,7 +16,8 @@
  *   7. Decode
  *   8. Statistics and format helpers
  *   9. Export and import of sequences; the pool's memory for transfer engines
- *  10. Function table for runtime loaders
+ *  10. Extend: attention for many new tokens per sequence (chunked prefill, prefix hits, trees)
+ *  11. Function table for runtime loaders
  *
  * Conventions
  *   - Every function returns a pkv_status (PKV_OK = 0). On failure nothing changed, and
@@ -31,7 +32,7 @@
  *   - pkv_last_error() is per thread.
  *   - A pool's bookkeeping calls (pkv_seq_*, pkv_append, pkv_pool_stats) are safe to call from several
  *     threads at once; each takes the pool's lock.
- *   - pkv_write, pkv_read and pkv_decode also take the pool's lock; their device work is ordered by the
+ *   - pkv_write, pkv_read, pkv_decode and pkv_extend also take the pool's lock; their device work is ordered by the
  *     context's stream.
  *   - Contexts and pools are destroyed by one thread when no other call on them is in flight.
  */
@@ -463,7 +464,65 @@ PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t firs
                                       pkv_page_span *spans, uint64_t capacity, uint64_t *count);
 
 /* ---------------------------------------------------------------------------------------------------
- * 10. Function table for runtime loaders
+ * 10. Extend
+ *
+ * Attention for a ragged number of new query tokens per sequence over that sequence's pages: prefill
+ * in chunks, the new prompt tokens of a sequence forked from a cached prefix, speculative chains or
+ * trees of any length. For each entry b < count, the queries are rows [q_offsets[b], q_offsets[b+1])
+ * of q (T_b = q_offsets[b+1] - q_offsets[b] of them, 0 <= T_b <= the sequence's length L_b): the
+ * newest T_b positions of the sequence, already appended and written. Query i of entry b sits at
+ * position P = L_b - T_b + i and, for each query head h (K and V of KV head h / (q_heads / kv_heads)):
+ *   out[q_offsets[b] + i][h] = softmax(scale q . K^T) V over the positions it sees:
+ *   - mask NULL (causal): positions [0, P];
+ *   - with a mask: every position before the new tokens, [0, L_b - T_b), and new token j (position
+ *     L_b - T_b + j) where bit j of the entry's row i is set.
+ * An entry with T_b = 0 (an empty sequence has no other) has no rows and changes nothing. A sequence
+ * may appear more than once in one call (each entry has its own rows).
+ *
+ * The mask (tree-shaped speculation): entry b's mask is T_b rows of ceil(T_b / 8) bytes at
+ * mask + mask_offsets[b]; row i's bit j is byte j / 8, bit j % 8 (least significant first), and the
+ * bits past T_b in a row's last byte are ignored. Row i must have bit i set (a query sees itself) and
+ * no bit j > i (nor does it see a later new token), so the causal mask is the full lower triangle.
+ * Entries may share a mask's bytes (the same tree for every sequence: equal offsets).
+ *
+ * The CPU backend computes extend in float32 with an online softmax, as decode; with T_b <= 8 it gives
+ * the bits pkv_decode gives with q_tokens = T_b and chunk_pages = UINT32_MAX. The CUDA and HIP
+ * backends have no extend kernel yet: they refuse the call with PKV_ERR_UNSUPPORTED.
+ *
+ * The struct grows at its end (section 2's rule): attention variants (a sliding window, logit
+ * soft-capping, attention sinks, ALiBi slopes) will come as new fields whose zero value means "off",
+ * so a program built against this header keeps today's attention on a later library.
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct pkv_extend_args {
+  uint32_t struct_size;
+  uint32_t layer;
+  const pkv_seq *seqs;          /* [count] */
+  uint32_t count;               /* entries */
+  uint32_t q_heads;             /* a multiple of the pool's kv_heads, at most PKV_MAX_Q_HEADS */
+  const uint32_t *q_offsets;    /* [count + 1], host memory: q_offsets[0] = 0, non-decreasing */
+  float scale;                  /* softmax scale; 0 selects 1/sqrt(head_dim) */
+  pkv_format q_format;          /* F32, F16 or BF16 */
+  pkv_format out_format;        /* F32, F16 or BF16 */
+  pkv_memory memory;            /* where q, out and lse live */
+  const void *q;                /* [q_offsets[count]][q_heads][head_dim] */
+  void *out;                    /* [q_offsets[count]][q_heads][head_dim] */
+  float *lse;                   /* NULL, or [q_offsets[count]][q_heads]: natural-log sum of exp(scale q.k) */
+  const uint8_t *mask;          /* NULL: causal; else host memory, the layout above */
+  const uint64_t *mask_offsets; /* with a mask: [count], host memory: entry b's rows start at mask + this */
+  uint64_t mask_bytes;          /* with a mask: the bytes at mask; every entry's rows lie inside them */
+} pkv_extend_args;
+#define PKV_EXTEND_ARGS_INIT                                                                        \
+  { (uint32_t)sizeof(pkv_extend_args), 0, NULL, 0, 0, NULL, 0.0f, PKV_FORMAT_F32, PKV_FORMAT_F32,    \
+    PKV_MEMORY_HOST, NULL, NULL, NULL, NULL, NULL, 0 }
+
+/* Whatever the entries' rows, a call attends at most PKV_MAX_EXTEND_ROWS query rows
+ * (q_offsets[count] x q_heads), so that a backend counts them in 32 bits. */
+#define PKV_MAX_EXTEND_ROWS 0xffffffffu
+
+PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 11. Function table for runtime loaders
  *
  * A program that opens the library at run time (dlopen, LoadLibrary, FFI) needs one symbol,
  * pkv_get_api, and calls everything else through the table it returns; include/pagedkv_loader.h does
@@ -472,7 +531,7 @@ PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t firs
  * serves every caller that asks for a version from 1 to N. Entries are named after the functions
  * without their pkv_ prefix; version 1's follow this header's order. docs/abi.md states the rules.
  * ------------------------------------------------------------------------------------------------- */
-#define PKV_API_VERSION 3
+#define PKV_API_VERSION 4
 
 typedef struct pkv_api {
   uint32_t struct_size; /* sizeof the library's table */
@@ -514,6 +573,8 @@ typedef struct pkv_api {
   pkv_status (*pool_regions)(pkv_pool *pool, pkv_memory_region *regions, uint32_t capacity, uint32_t *count);
   pkv_status (*seq_page_spans)(pkv_pool *pool, pkv_seq seq, uint32_t first_layer, uint32_t layer_count,
                                pkv_page_span *spans, uint64_t capacity, uint64_t *count);
+  /* version 4 */
+  pkv_status (*extend)(pkv_pool *pool, const pkv_extend_args *args);
 } pkv_api;
 
 /* Sets *out to the library's table when it offers `version` (from 1 to the library's PKV_API_VERSION;

@@ -44,6 +44,7 @@ PKV_STRUCT_INFO(pkv_decode_args, PKV_DECODE_ARGS_INIT, chunk_pages)
 PKV_STRUCT_INFO(pkv_pool_stats, PKV_POOL_STATS_INIT, bytes_per_token)
 PKV_STRUCT_INFO(pkv_export_args, PKV_EXPORT_ARGS_INIT, image_bytes)
 PKV_STRUCT_INFO(pkv_import_args, PKV_IMPORT_ARGS_INIT, image_bytes)
+PKV_STRUCT_INFO(pkv_extend_args, PKV_EXTEND_ARGS_INIT, mask_bytes)
 #undef PKV_STRUCT_INFO
 
 template <class T> T read_struct(const T *p, const char *what) {
@@ -182,28 +183,75 @@ void check_read_args(const pkv::PoolGeometry &g, const pkv_read_args &a) {
   if (!a.k && !a.v) fail(PKV_ERR_INVALID_ARGUMENT, "k and v are both NULL: nothing to read into");
 }
 
+// What decode and extend share: the layer, query heads, scale, formats and memory.
+void check_attention_args(const pkv::PoolGeometry &g, uint32_t layer, uint32_t q_heads, float scale,
+                          pkv_format q_format, pkv_format out_format, pkv_memory memory) {
+  check_layer(g, layer);
+  if (q_heads == 0 || q_heads % g.kv_heads != 0)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", q_heads,
+         g.kv_heads);
+  if (q_heads > PKV_MAX_Q_HEADS)
+    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads is %u: at most %u query heads", q_heads, unsigned(PKV_MAX_Q_HEADS));
+  if (!(scale >= 0.0f) || std::isinf(scale))
+    fail(PKV_ERR_INVALID_ARGUMENT, "scale %g is not a finite value >= 0 (0 selects 1/sqrt(head_dim))", double(scale));
+  check_io_format(q_format, "q_format");
+  check_io_format(out_format, "out_format");
+  check_memory(memory);
+}
+
 // launch: pkv_decode, which reads q and writes out; pkv_decode_prepare touches neither.
 void check_decode_args(const pkv::PoolGeometry &g, const pkv_decode_args &a, bool launch) {
-  check_layer(g, a.layer);
-  if (a.q_heads == 0 || a.q_heads % g.kv_heads != 0)
-    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads %u is not a positive multiple of the pool's kv_heads %u", a.q_heads,
-         g.kv_heads);
-  if (a.q_heads > PKV_MAX_Q_HEADS)
-    fail(PKV_ERR_INVALID_ARGUMENT, "q_heads is %u: at most %u query heads", a.q_heads, unsigned(PKV_MAX_Q_HEADS));
+  check_attention_args(g, a.layer, a.q_heads, a.scale, a.q_format, a.out_format, a.memory);
   if (a.q_tokens == 0 || a.q_tokens > kMaxQueryTokens)
     fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is %u: expected 1 to %u query tokens per sequence", a.q_tokens,
          kMaxQueryTokens);
-  if (!(a.scale >= 0.0f) || std::isinf(a.scale))
-    fail(PKV_ERR_INVALID_ARGUMENT, "scale %g is not a finite value >= 0 (0 selects 1/sqrt(head_dim))", double(a.scale));
-  check_io_format(a.q_format, "q_format");
-  check_io_format(a.out_format, "out_format");
-  check_memory(a.memory);
   if (a.count == 0) return;
   check_pointer(a.seqs, "seqs");
   if (launch) {
     check_pointer(a.q, "q");
     check_pointer(a.out, "out");
   }
+}
+
+// Entry b's mask rows (n of them, ceil(n / 8) bytes each) lie within the mask's bytes, and row i
+// sees itself and no later new token.
+void check_mask(const pkv_extend_args &a, uint32_t b, uint32_t n) {
+  const uint64_t row_bytes = (uint64_t(n) + 7) / 8, bytes = n * row_bytes, at = a.mask_offsets[b];
+  if (at > a.mask_bytes || bytes > a.mask_bytes - at)
+    fail(PKV_ERR_INVALID_ARGUMENT, "entry %u's mask is %u rows of %llu bytes at mask_offsets[%u] = %llu, past "
+         "mask_bytes %llu", b, n, (unsigned long long)row_bytes, b, (unsigned long long)at,
+         (unsigned long long)a.mask_bytes);
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *row = a.mask + at + i * row_bytes;
+    if (!(row[i / 8] >> (i % 8) & 1))
+      fail(PKV_ERR_INVALID_ARGUMENT, "entry %u's mask row %u lacks its own bit %u: a query sees itself", b, i, i);
+    for (uint32_t j = i + 1; j < n; j++)
+      if (row[j / 8] >> (j % 8) & 1)
+        fail(PKV_ERR_INVALID_ARGUMENT, "entry %u's mask row %u sets bit %u: a query sees no later new token", b, i, j);
+  }
+}
+
+void check_extend_args(const pkv::PoolGeometry &g, const pkv_extend_args &a) {
+  check_attention_args(g, a.layer, a.q_heads, a.scale, a.q_format, a.out_format, a.memory);
+  if (a.count == 0) return;
+  check_pointer(a.seqs, "seqs");
+  check_pointer(a.q_offsets, "q_offsets");
+  if (a.q_offsets[0] != 0) fail(PKV_ERR_INVALID_ARGUMENT, "q_offsets[0] is %u: expected 0", a.q_offsets[0]);
+  for (uint32_t b = 0; b < a.count; b++)
+    if (a.q_offsets[b + 1] < a.q_offsets[b])
+      fail(PKV_ERR_INVALID_ARGUMENT, "q_offsets[%u] = %u is less than q_offsets[%u] = %u: offsets never decrease",
+           b + 1, a.q_offsets[b + 1], b, a.q_offsets[b]);
+  const uint64_t total = a.q_offsets[a.count];
+  if (total * a.q_heads > PKV_MAX_EXTEND_ROWS)
+    fail(PKV_ERR_INVALID_ARGUMENT, "%llu queries x %u query heads is more than the %llu query rows a call takes",
+         (unsigned long long)total, a.q_heads, (unsigned long long)PKV_MAX_EXTEND_ROWS);
+  if (total > 0) {
+    check_pointer(a.q, "q");
+    check_pointer(a.out, "out");
+  }
+  if (!a.mask) return;
+  check_pointer(a.mask_offsets, "mask_offsets");
+  for (uint32_t b = 0; b < a.count; b++) check_mask(a, b, a.q_offsets[b + 1] - a.q_offsets[b]);
 }
 
 pkv_pool &pool_ref(pkv_pool *pool) {
@@ -408,6 +456,16 @@ PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *arg
     check_decode_args(p.geometry(), a, false);
     a.memory = host_or_device(a.memory);
     p.decode_prepare(a);
+  });
+}
+
+PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    pkv_extend_args a = read_struct(args, "args");
+    check_extend_args(p.geometry(), a);
+    a.memory = host_or_device(a.memory);
+    p.extend(a);
   });
 }
 

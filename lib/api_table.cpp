@@ -43,6 +43,7 @@ constexpr pkv_api make_table() {
   t.seq_import = pkv_seq_import;
   t.pool_regions = pkv_pool_regions;
   t.seq_page_spans = pkv_seq_page_spans;
+  t.extend = pkv_extend;
   return t;
 }
 

@@ -1,5 +1,5 @@
 // The one interface a backend implements: device memory, page copies, the scatter of new rows into
-// pages, the gather of rows back out, decode, sequence images out and in, and a synchronize. Arguments are plain data; the pool
+// pages, the gather of rows back out, decode, extend, sequence images out and in, and a synchronize. Arguments are plain data; the pool
 // decides what to do and a backend only does it.
 #pragma once
 
@@ -111,6 +111,27 @@ struct DecodeBatch {
   bool plan_resident;
 };
 
+// One layer's attention for the new tokens of a batch (pkv_extend): entry b's queries are rows
+// [q_offsets[b], q_offsets[b + 1]) of q, the newest positions of the sequence whose pages are the
+// page-table row seq_slots[b] and whose length is lengths[b]. Without a mask query i of T sees
+// positions [0, length - T + i]; with one, new token j only where its row's bit j is set (the
+// layout of pkv_extend_args, checked: each row sees itself and no later new token).
+struct ExtendBatch {
+  TableUpdates table;
+  uint32_t layer, count, q_heads;
+  float scale;
+  pkv_format q_format, out_format;
+  pkv_memory memory;
+  const void *q;
+  void *out;
+  float *lse;
+  const uint32_t *seq_slots; // host, count
+  const uint32_t *lengths;   // host, count
+  const uint32_t *q_offsets; // host, count + 1
+  const uint8_t *mask;       // host, or null: causal
+  const uint64_t *mask_offsets; // host, count (with a mask)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -142,6 +163,9 @@ class Backend {
   // `bytes` of caller memory into host memory, after the work queued before; synchronous.
   virtual void read_caller(void *dst, const void *src, pkv_memory memory, uint64_t bytes) = 0;
   virtual void decode(const PoolGeometry &g, const DecodeBatch &batch) = 0;
+  // pkv_extend. A backend that has no extend yet refuses it (PKV_ERR_UNSUPPORTED) before it
+  // applies the table changes or touches anything.
+  virtual void extend(const PoolGeometry &g, const ExtendBatch &batch) = 0;
   virtual void synchronize() = 0;
   // GB/s of a read-only pass over `bytes` (0: the backend's default size), best of several passes.
   virtual double read_bandwidth(uint64_t bytes) = 0;

@@ -347,6 +347,41 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   plans_.set_resident(true);
 }
 
+void pkv_pool::extend(const pkv_extend_args &a) {
+  if (a.count == 0) return;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
+  std::vector<uint32_t> lengths(a.count);
+  for (uint32_t i = 0; i < a.count; i++) {
+    lengths[i] = seqs_[slots[i]].length;
+    const uint32_t n = a.q_offsets[i + 1] - a.q_offsets[i];
+    if (n > lengths[i])
+      fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u] holds %u tokens, fewer than its %u queries (q_offsets[%u] to [%u]): "
+           "append and write the query tokens first", i, lengths[i], n, i, i + 1);
+  }
+  pkv::ExtendBatch batch{};
+  batch.table = table_updates();
+  batch.layer = a.layer;
+  batch.count = a.count;
+  batch.q_heads = a.q_heads;
+  batch.scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(float(geometry_.head_dim));
+  batch.q_format = a.q_format;
+  batch.out_format = a.out_format;
+  batch.memory = a.memory;
+  batch.q = a.q;
+  batch.out = a.out;
+  batch.lse = a.lse;
+  batch.seq_slots = slots.data();
+  batch.lengths = lengths.data();
+  batch.q_offsets = a.q_offsets;
+  batch.mask = a.mask;
+  batch.mask_offsets = a.mask_offsets;
+  std::lock_guard<std::mutex> device(ctx_->mu);
+  ctx_->backend->extend(geometry_, batch);
+  pending_.clear();
+}
+
 pkv_pool_stats pkv_pool::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   pkv_pool_stats st{};

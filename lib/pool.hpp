@@ -35,6 +35,8 @@ struct pkv_pool {
   void decode(const pkv_decode_args &args);
   // Applies queued page-table changes and puts the batch's plan on the device without decoding.
   void decode_prepare(const pkv_decode_args &args);
+  // Arguments checked by api.cpp: offsets, total rows and mask included.
+  void extend(const pkv_extend_args &args);
   pkv_pool_stats stats();
   // Images of layers [first, first + count) of a sequence (the range checked by api.cpp).
   uint64_t export_size(pkv_seq seq, uint32_t first, uint32_t count);

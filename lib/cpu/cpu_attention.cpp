@@ -159,16 +159,28 @@ PKV_ALWAYS_INLINE void prefetch_row(const uint8_t *part, const PlaneLayout &l, u
   if (l.row_scale_bytes) __builtin_prefetch(part + l.scale_at(head, slot), 0, 1);
 }
 
+// Hides the scores of the positions a mask row keeps out of sight (p[i] is position t0 + i's score,
+// i < n) and returns the largest score left.
+PKV_ALWAYS_INLINE float apply_mask(float *p, uint32_t n, uint64_t t0, const TokenView &view) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (uint32_t i = 0; i < n; i++) {
+    if (t0 + i >= view.mask_from) {
+      const uint64_t j = t0 + i - view.mask_from;
+      if (!(view.mask_row[j / 8] >> (j % 8) & 1)) p[i] = -std::numeric_limits<float>::infinity();
+    }
+    top = std::max(top, p[i]);
+  }
+  return top;
+}
+
 // W: floats a vector.
-template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
+template <int W> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
   const PoolGeometry &g = *t.g;
-  const DecodeBatch &b = *t.b;
-  const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, s = t.chunk->seq, rows = b.q_tokens * group;
+  const uint32_t D = g.head_dim, group = t.group, rows = t.tokens * group;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   AttendScratch &scratch = *t.scratch;
-  std::vector<float> &q = scratch.q, &acc = scratch.acc, &keys = scratch.keys, &values = scratch.values;
+  std::vector<float> &acc = scratch.acc, &keys = scratch.keys, &values = scratch.values;
   std::vector<float> &m = scratch.m, &l = scratch.l, &scores = scratch.scores;
-  q.resize(size_t(rows) * D);
   acc.assign(size_t(rows) * D, 0.0f);
   keys.resize(size_t(kTokenBlock) * D);
   values.resize(size_t(kTokenBlock) * D);
@@ -176,45 +188,40 @@ template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
   l.assign(rows, 0.0f);
   scores.resize(2 * kTokenBlock);
 
-  const size_t q_elem = io_elem_bytes(b.q_format);
-  for (uint32_t tok = 0; tok < b.q_tokens; tok++) {
-    const size_t first = (size_t(s) * b.q_tokens + tok) * b.q_heads + size_t(t.kv_head) * group;
-    load_io(b.q_format, static_cast<const uint8_t *>(b.q) + first * D * q_elem, size_t(group) * D,
-            &q[size_t(tok) * group * D]);
-  }
-
-  const uint32_t *pages = reinterpret_cast<const uint32_t *>(host(g.table)) + size_t(b.seq_slots[s]) * g.table_stride;
-  // Positions in 64 bits: a chunk may end within a block of 2^32, where 32-bit ones would wrap.
-  const uint64_t end = t.chunk->token_end;
-  for (uint64_t t0 = t.chunk->token_begin; t0 < end; t0 += kTokenBlock) {
+  const uint32_t *pages = t.pages;
+  // Positions in 64 bits: a range may end within a block of 2^32, where 32-bit ones would wrap.
+  const uint64_t end = t.end;
+  for (uint64_t t0 = t.begin; t0 < end; t0 += kTokenBlock) {
     const uint32_t n = uint32_t(std::min<uint64_t>(kTokenBlock, end - t0));
     for (uint32_t i = 0; i < n; i++) {
       const uint32_t page = pages[(t0 + i) / g.page_size], slot = uint32_t((t0 + i) % g.page_size);
-      decode_row(g.k, host(g.k_part(b.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
-      decode_row(g.v, host(g.v_part(b.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
+      decode_row(g.k, host(g.k_part(t.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
+      decode_row(g.v, host(g.v_part(t.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
     }
     // The next block's rows, while this one computes.
     for (uint64_t i = t0 + kTokenBlock; i < std::min<uint64_t>(t0 + 2 * kTokenBlock, end); i++) {
       const uint32_t page = pages[i / g.page_size], slot = uint32_t(i % g.page_size);
-      prefetch_row(host(g.k_part(b.layer, page)), g.k, t.kv_head, slot);
-      prefetch_row(host(g.v_part(b.layer, page)), g.v, t.kv_head, slot);
+      prefetch_row(host(g.k_part(t.layer, page)), g.k, t.kv_head, slot);
+      prefetch_row(host(g.v_part(t.layer, page)), g.v, t.kv_head, slot);
     }
-    // Row r sees the block's first seen(r) tokens: positions below length - q_tokens + its token + 1.
+    // Row r sees the block's first seen(r) tokens: positions below its token's view's end.
     auto seen = [&](uint32_t r) {
-      const uint32_t visible = b.lengths[s] - b.q_tokens + r / group + 1;
+      const uint64_t visible = t.views[r / group].end;
       return visible <= t0 ? 0 : uint32_t(std::min<uint64_t>(n, visible - t0));
     };
     // Rows r .. r + R - 1, each seeing nv tokens: scores, the online softmax, then the weighted V rows.
     auto update = [&](uint32_t r, uint32_t nv, auto rows_at_once) {
       constexpr int R = decltype(rows_at_once)::value;
       float *p = scores.data();
-      score_block<W, R>(&q[size_t(r) * D], keys.data(), nv, D, p);
+      score_block<W, R>(t.q + size_t(r) * D, keys.data(), nv, D, p);
       float correction[R];
       bool live = false;
       for (int j = 0; j < R; j++) {
         float *pj = p + j * kTokenBlock;
         float block_max = neg_inf;
-        for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= b.scale);
+        for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= t.scale);
+        const TokenView &view = t.views[(r + j) / group];
+        if (view.mask_row && t0 + nv > view.mask_from) block_max = apply_mask(pj, nv, t0, view);
         if (block_max == neg_inf) { // nothing finite to weigh (the row's m may still be -inf)
           correction[j] = 1.0f;
           std::fill(pj, pj + nv, 0.0f);
@@ -228,8 +235,8 @@ template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
       }
       if (live) accumulate<W, R>(&acc[size_t(r) * D], correction, p, values.data(), nv, D);
     };
-    // Rows in pairs where both see as many tokens: all but a pair straddling two speculative tokens
-    // in the block where the first one's visible positions end.
+    // Rows in pairs where both see as many tokens: all but a pair straddling two query tokens in the
+    // block where the first one's visible positions end.
     for (uint32_t r = 0; r < rows;) {
       const uint32_t nv = seen(r);
       const bool pair = r + 1 < rows && seen(r + 1) == nv;
@@ -245,16 +252,27 @@ template <int W> PKV_ALWAYS_INLINE void attend(const ChunkTask &t) {
   }
 }
 
-void attend_generic(const ChunkTask &t) { attend<4>(t); }
+void attend_generic(const AttendTask &t) { attend<4>(t); }
 
 #if defined(__x86_64__)
 // The same code for AVX2 and FMA: the loops inlined here run 8 floats a vector and their
 // multiply-adds fuse (this file builds with -ffp-contract=fast: it quantizes nothing).
-__attribute__((target("avx2,fma"))) void attend_avx2(const ChunkTask &t) { attend<8>(t); }
+__attribute__((target("avx2,fma"))) void attend_avx2(const AttendTask &t) { attend<8>(t); }
 
 #endif
 
 } // namespace
+
+void load_queries(const PoolGeometry &g, pkv_format format, const void *q, uint64_t first, uint32_t tokens,
+                  uint32_t q_heads, uint32_t kv_head, std::vector<float> &dst) {
+  const uint32_t D = g.head_dim, group = q_heads / g.kv_heads;
+  const size_t elem = io_elem_bytes(format);
+  dst.resize(size_t(tokens) * group * D);
+  for (uint32_t tok = 0; tok < tokens; tok++) {
+    const uint64_t row = (first + tok) * q_heads + uint64_t(kv_head) * group;
+    load_io(format, static_cast<const uint8_t *>(q) + row * D * elem, size_t(group) * D, &dst[size_t(tok) * group * D]);
+  }
+}
 
 AttendKernel attend_kernel(const char *want) {
   const bool generic = want && std::strcmp(want, "generic") == 0;

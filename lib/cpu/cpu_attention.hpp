@@ -1,5 +1,6 @@
-// The CPU backend's decode of one chunk for one KV head: online softmax over blocks of tokens, every
-// query row of the KV head's group against each K/V row decoded once. Compiled twice: for any
+// The CPU backend's attention of query rows of one KV head over a range of a sequence's positions
+// (decode's chunks, extend's blocks of new tokens): online softmax over blocks of tokens, every query
+// row against each K/V row decoded once. Compiled twice: for any
 // processor of the target, and (x86-64, GCC or Clang) for AVX2 with FMA, taken at run time
 // where the processor has them.
 #pragma once
@@ -14,26 +15,51 @@ namespace pkv {
 // The CPU backend's device pointers are host addresses.
 inline uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
 
-// A worker thread's buffers, kept between calls: once warm, a decode's chunks allocate nothing.
-struct AttendScratch {
-  std::vector<float> q, acc, keys, values, m, l, scores;
+// Which positions one query token sees: those below `end`; with a mask row, of those from
+// `mask_from` on only the ones whose bit (position - mask_from) is set (bit j: byte j / 8, bit j % 8).
+struct TokenView {
+  uint64_t end;
+  const uint8_t *mask_row; // null: every position below end
+  uint64_t mask_from;
 };
 
-// One chunk of one sequence for the query rows of one KV head (every query token times every head
-// of the group): the chunk's normalised output and its log-sum-exp per row. Query token q sees
-// positions below length - q_tokens + q + 1.
-struct ChunkTask {
+// A worker thread's buffers, kept between calls: once warm, an item allocates nothing.
+struct AttendScratch {
+  std::vector<float> q, acc, keys, values, m, l, scores;
+  std::vector<TokenView> views;
+  std::vector<float> out, lse; // extend's rows before they are stored in the output format
+};
+
+// Query rows of one KV head against positions [begin, end) of one sequence's pages: the rows'
+// normalised output and log-sum-exp over what each sees there. Rows are query tokens times the
+// KV head's group of query heads: row r is token r / group's head r % group. Decode runs a chunk of
+// a sequence for its query tokens, extend a block of a sequence's new tokens over all it sees.
+struct AttendTask {
   const PoolGeometry *g;
-  const DecodeBatch *b;
-  const PlanRecord *chunk;
-  uint32_t kv_head;
-  float *out; // [q_tokens * group][head_dim]
-  float *lse; // [q_tokens * group]
+  uint32_t layer, kv_head;
+  const uint32_t *pages; // the sequence's page-table row
+  uint64_t begin, end;
+  uint32_t tokens, group;
+  const float *q;         // [tokens * group][head_dim]
+  const TokenView *views; // [tokens]
+  float scale;
+  float *out; // [tokens * group][head_dim]
+  float *lse; // [tokens * group]
   AttendScratch *scratch;
 };
 
+// The page-table row of a sequence slot (the CPU's table is host memory).
+inline const uint32_t *page_row(const PoolGeometry &g, uint32_t seq_slot) {
+  return reinterpret_cast<const uint32_t *>(host(g.table)) + size_t(seq_slot) * g.table_stride;
+}
+
+// Rows [first, first + tokens) of q ([rows][q_heads][head_dim] in `format`), the heads of KV head
+// kv_head's group, as floats [tokens][group][head_dim] into dst.
+void load_queries(const PoolGeometry &g, pkv_format format, const void *q, uint64_t first, uint32_t tokens,
+                  uint32_t q_heads, uint32_t kv_head, std::vector<float> &dst);
+
 struct AttendKernel {
-  void (*run)(const ChunkTask &task);
+  void (*run)(const AttendTask &task);
   const char *name; // "AVX2 + FMA" or "generic"
 };
 

@@ -17,6 +17,7 @@
 #include "../fault.hpp"
 #include "../seq_image.hpp"
 #include "cpu_attention.hpp"
+#include "cpu_extend.hpp"
 #include "worker_pool.hpp"
 
 namespace pkv {
@@ -111,12 +112,31 @@ class CpuBackend final : public Backend {
     const size_t items = size_t(plan.chunks()) * g.kv_heads;
     part_out_.resize(items * rows * D);
     part_lse_.resize(items * rows);
+    const uint32_t group = b.q_heads / g.kv_heads;
     workers_.run(uint32_t(items), [&](uint32_t item, uint32_t worker) {
-      ChunkTask t{&g, &b, &plan.chunk(item / g.kv_heads), item % g.kv_heads,
-                  &part_out_[size_t(item) * rows * D], &part_lse_[size_t(item) * rows], &scratch_[worker]};
-      attend_.run(t);
+      const PlanRecord &c = plan.chunk(item / g.kv_heads);
+      const uint32_t h = item % g.kv_heads;
+      AttendScratch &sc = scratch_[worker];
+      load_queries(g, b.q_format, b.q, uint64_t(c.seq) * b.q_tokens, b.q_tokens, b.q_heads, h, sc.q);
+      // Query token t sees positions below length - q_tokens + t + 1.
+      sc.views.resize(b.q_tokens);
+      for (uint32_t t = 0; t < b.q_tokens; t++) sc.views[t] = {uint64_t(b.lengths[c.seq]) - b.q_tokens + t + 1, nullptr, 0};
+      attend_.run({&g, b.layer, h, page_row(g, b.seq_slots[c.seq]), c.token_begin, c.token_end, b.q_tokens, group,
+                   sc.q.data(), sc.views.data(), b.scale, &part_out_[size_t(item) * rows * D],
+                   &part_lse_[size_t(item) * rows], &sc});
     });
     workers_.run(b.count, [&](uint32_t s, uint32_t worker) { merge(g, b, part_out_, part_lse_, s, row_[worker]); });
+  }
+
+  // Items (block of new tokens, KV head), the costliest blocks first; no split along the positions:
+  // each item attends over all its rows see, and writes its rows of out and lse itself.
+  void extend(const PoolGeometry &g, const ExtendBatch &b) override {
+    apply(g, b.table);
+    make_extend_blocks(g, b, &extend_blocks_);
+    const uint64_t items = uint64_t(extend_blocks_.size()) * g.kv_heads; // at most the call's query rows
+    workers_.run(uint32_t(items), [&](uint32_t item, uint32_t worker) {
+      extend_block(g, b, extend_blocks_[item / g.kv_heads], item % g.kv_heads, attend_, scratch_[worker]);
+    });
   }
 
   void export_image(const PoolGeometry &g, const ExportArgs &a) override {
@@ -249,6 +269,7 @@ class CpuBackend final : public Backend {
   std::vector<AttendScratch> scratch_;    // one a worker thread
   std::vector<std::vector<float>> row_;   // one a worker thread: a row of head_dim floats
   std::vector<float> part_out_, part_lse_; // the chunks' partial results
+  std::vector<ExtendBlock> extend_blocks_;
   uint64_t bandwidth_sink_ = 0;
   std::mutex mu_;
   std::unordered_map<DevPtr, void *> blocks_;

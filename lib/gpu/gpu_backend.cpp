@@ -215,6 +215,11 @@ class GpuBackend final : public Backend {
     put_plan(g, b);
   }
 
+  void extend(const PoolGeometry &, const ExtendBatch &) override {
+    fail(PKV_ERR_UNSUPPORTED, "the %s backend has no extend kernel yet; the CPU backend (PKV_BACKEND=cpu) has one",
+         dev_->name());
+  }
+
   // Launches only, once the plan is on the device: nothing here waits for the device, allocates or
   // uploads, so the call can be captured in a graph (checked first, before anything changes).
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {

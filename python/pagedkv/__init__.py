@@ -469,6 +469,59 @@ class Pool:
         _call("pkv_decode", self._handle(), ctypes.byref(args))
         return (ob.array, lb.array) if lb else ob.array
 
+    def extend(self, layer: int, seqs: SequenceT["Sequence"], tokens: SequenceT[int], q: Any, *, out: Any = None,
+               lse: Any = None, scale: float = 0.0, masks: Optional[SequenceT[Any]] = None) -> Any:
+        """Attention of each sequence's newest tokens[b] positions (already appended and written) over
+        all it holds, for one layer (pkv_extend): chunked prefill, new tokens after a prefix hit,
+        speculative chains and trees. q is [sum(tokens), q_heads, head_dim], sequence b's queries
+        after those of the sequences before it; query i of b sees positions up to its own (causal),
+        or, with masks (one [tokens[b], tokens[b]] boolean array per sequence, row i the new tokens
+        query i sees: itself and none after it), every position before the new tokens and the new
+        tokens its row marks. Returns out (q's shape and dtype, or the array given), or (out, lse)
+        when lse is True or an array (float32, q's shape without head_dim). A sequence may appear
+        more than once. The CPU backend runs it; the GPU backends raise UnsupportedError."""
+        import numpy as np
+
+        if len(tokens) != len(seqs):
+            raise ValueError(f"{len(tokens)} token counts for {len(seqs)} sequences")
+        offsets = (_ffi.U32 * (len(seqs) + 1))(0, *np.cumsum(tokens, dtype=np.uint64).tolist())
+        qb = _buffer(q, "q")
+        if len(qb.shape) != 3 or qb.shape[0] != offsets[len(seqs)] or qb.shape[-1] != self.head_dim:
+            raise ValueError(f"q has shape {qb.shape}: expected [sum(tokens)={offsets[len(seqs)]}, q_heads, "
+                             f"head_dim={self.head_dim}]")
+        if out is None:
+            out = _empty_like(qb)
+        ob = _buffer(out, "out", output=True)
+        if ob.shape != qb.shape:
+            raise ValueError(f"out has shape {ob.shape}: expected q's, {qb.shape}")
+        lb = None
+        if lse is True:
+            lse = _empty_like(qb, qb.shape[:-1], Format.F32)
+        if lse is not None and lse is not False:
+            lb = _buffer(lse, "lse", output=True)
+            if lb.format != Format.F32 or lb.shape != qb.shape[:-1]:
+                raise ValueError(f"lse must be float32 of shape {qb.shape[:-1]}")
+        memory = _same_memory([qb, ob, lb], self.ctx.stream, "q, out and lse")
+        args = _ffi.new_struct(_ffi.ExtendArgs, layer=layer, seqs=_seq_array(seqs, self), count=len(seqs),
+                               q_heads=qb.shape[1], q_offsets=offsets, scale=scale, q_format=qb.format,
+                               out_format=ob.format, memory=memory, q=qb.ptr, out=ob.ptr,
+                               lse=lb.ptr if lb else None)
+        if masks is not None:
+            if len(masks) != len(seqs):
+                raise ValueError(f"{len(masks)} masks for {len(seqs)} sequences")
+            rows = []
+            for n, m in zip(tokens, masks):
+                m = np.asarray(m, bool)
+                if m.shape != (n, n):
+                    raise ValueError(f"a mask has shape {m.shape}: expected its sequence's ({n}, {n})")
+                rows.append(np.packbits(m, axis=1, bitorder="little").reshape(-1))
+            starts = np.cumsum([0] + [r.size for r in rows], dtype=np.uint64)[:-1]
+            mask_offsets = (_ffi.U64 * len(seqs))(*starts.tolist())
+            packed = np.ascontiguousarray(np.concatenate(rows) if rows else np.zeros(0, np.uint8))  # lives past the call
+            args.mask, args.mask_offsets, args.mask_bytes = packed.ctypes.data, mask_offsets, packed.size
+        _call("pkv_extend", self._handle(), ctypes.byref(args))
+        return (ob.array, lb.array) if lb else ob.array
+
     def _export_args(self, seq: "Sequence", first_layer: int, layer_count: int) -> Any:
         if not isinstance(seq, Sequence) or seq.pool is not self:
             raise ValueError("seq is not a Sequence of this pool")

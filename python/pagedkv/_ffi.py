@@ -93,6 +93,14 @@ class DecodeArgs(ctypes.Structure):
                 ("lse", ctypes.c_void_p), ("chunk_pages", U32)]
 
 
+class ExtendArgs(ctypes.Structure):
+    _fields_ = [("struct_size", U32), ("layer", U32), ("seqs", ctypes.POINTER(Seq)), ("count", U32),
+                ("q_heads", U32), ("q_offsets", ctypes.POINTER(U32)), ("scale", F32), ("q_format", ENUM),
+                ("out_format", ENUM), ("memory", ENUM), ("q", ctypes.c_void_p), ("out", ctypes.c_void_p),
+                ("lse", ctypes.c_void_p), ("mask", ctypes.c_void_p), ("mask_offsets", ctypes.POINTER(U64)),
+                ("mask_bytes", U64)]
+
+
 class PoolStats(ctypes.Structure):
     _fields_ = [("struct_size", U32), ("pages_total", U32), ("pages_free", U32), ("pages_shared", U32),
                 ("sequences_live", U32), ("max_sequences", U32), ("tokens_live", U64), ("bytes_total", U64),
@@ -126,6 +134,7 @@ STRUCT_DEFAULTS: Dict[type, Dict[str, Any]] = {
     ReadArgs: {"dst_format": Format.F32, "memory": Memory.HOST},
     DecodeArgs: {"q_tokens": 1, "scale": 0.0, "q_format": Format.F32, "out_format": Format.F32,
                  "memory": Memory.HOST, "chunk_pages": 0},
+    ExtendArgs: {"scale": 0.0, "q_format": Format.F32, "out_format": Format.F32, "memory": Memory.HOST},
     PoolStats: {},
     ExportArgs: {"memory": Memory.HOST},
     ImportArgs: {"memory": Memory.HOST},
@@ -164,6 +173,7 @@ _SIGNATURES = {
     "pkv_read": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ReadArgs)]),
     "pkv_decode": (ENUM, [ctypes.c_void_p, ctypes.POINTER(DecodeArgs)]),
     "pkv_decode_prepare": (ENUM, [ctypes.c_void_p, ctypes.POINTER(DecodeArgs)]),
+    "pkv_extend": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ExtendArgs)]),
     "pkv_pool_get_stats": (ENUM, [ctypes.c_void_p, ctypes.POINTER(PoolStats)]),
     "pkv_convert_from_f32": (ENUM, [ENUM, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
     "pkv_convert_to_f32": (ENUM, [ENUM, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),

@@ -76,7 +76,7 @@ def _init_values(text, macro):
     (_ffi.PoolDesc, "PKV_POOL_DESC_INIT"), (_ffi.WriteArgs, "PKV_WRITE_ARGS_INIT"),
     (_ffi.ReadArgs, "PKV_READ_ARGS_INIT"), (_ffi.DecodeArgs, "PKV_DECODE_ARGS_INIT"),
     (_ffi.PoolStats, "PKV_POOL_STATS_INIT"), (_ffi.ExportArgs, "PKV_EXPORT_ARGS_INIT"),
-    (_ffi.ImportArgs, "PKV_IMPORT_ARGS_INIT")])
+    (_ffi.ImportArgs, "PKV_IMPORT_ARGS_INIT"), (_ffi.ExtendArgs, "PKV_EXTEND_ARGS_INIT")])
 def test_defaults_match_header(cls, macro):
     values = _init_values(HEADER.read_text(), macro)
     made = _ffi.new_struct(cls)
@@ -136,6 +136,101 @@ def test_decode_matches_float64_reference(rng, q_tokens):
         got_k, got_v = pool.read(1, seqs[0])
         np.testing.assert_array_equal(got_k, stored(k_format, k[:lengths[0]]))
         np.testing.assert_array_equal(got_v, stored(v_format, v[:lengths[0]]))
+
+
+def attend_seen(q, keys, values, seen, scale):
+    """float64 attention of one query row q [q_heads, d] over the positions of keys/values [n, kv_heads, d]
+    that the boolean seen [n] marks; returns out [q_heads, d] and lse [q_heads]."""
+    kv_heads, q_heads = keys.shape[1], q.shape[0]
+    out, lse = np.zeros(q.shape), np.zeros(q_heads)
+    for h in range(q_heads):
+        kh = h // (q_heads // kv_heads)
+        logits = scale * (keys[seen, kh].astype(np.float64) @ q[h].astype(np.float64))
+        m = logits.max()
+        w = np.exp(logits - m)
+        out[h] = w @ values[seen, kh].astype(np.float64) / w.sum()
+        lse[h] = m + np.log(w.sum())
+    return out, lse
+
+
+def tree_mask(rng, n):
+    """Each new token sees itself and its parent's ancestors (a random earlier token, or none)."""
+    m = np.zeros((n, n), bool)
+    for i in range(n):
+        if i and rng.integers(4):
+            m[i] = m[rng.integers(i)]
+        m[i, i] = True
+    return m
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_extend_matches_float64_reference(rng, masked):
+    """A ragged batch (a sequence with no new tokens, one from empty) in chunks over the growing cache."""
+    kv_heads, group, head_dim = int(rng.integers(1, 4)), int(rng.choice([1, 3, 4])), int(rng.choice([32, 64]))
+    q_heads = kv_heads * group
+    k_format, v_format = (pagedkv.Format(int(x)) for x in rng.choice([1, 2], 2))
+    io = rng.choice([np.float32, np.float16])
+    with pagedkv.Context(backend="cpu", threads=2) as ctx, \
+            cpu_pool(ctx, kv_heads=kv_heads, head_dim=head_dim, k_format=k_format, v_format=v_format, pages=256,
+                     page_order_seed=int(rng.integers(1, 1000))) as pool:
+        seqs = [pool.alloc() for _ in range(4)]
+        keys = [np.zeros((0, kv_heads, head_dim), np.float32) for _ in seqs]
+        values = [np.zeros((0, kv_heads, head_dim), np.float32) for _ in seqs]
+        for _ in range(3):
+            tokens = [int(x) for x in rng.integers(0, 30, len(seqs))]
+            tokens[1] = 0
+            pool.append(seqs, tokens)
+            k = rng.uniform(-1, 1, (sum(tokens), kv_heads, head_dim)).astype(np.float32)
+            v = rng.uniform(-1, 1, k.shape).astype(np.float32)
+            pool.write(1, seqs, tokens, k, v)
+            first = 0
+            for b, n in enumerate(tokens):
+                keys[b] = np.concatenate([keys[b], stored(k_format, k[first:first + n])])
+                values[b] = np.concatenate([values[b], stored(v_format, v[first:first + n])])
+                first += n
+            q = rng.uniform(-2, 2, (sum(tokens), q_heads, head_dim)).astype(io)
+            masks = [tree_mask(rng, n) for n in tokens] if masked else None
+            out, lse = pool.extend(1, seqs, tokens, q, lse=True, masks=masks)
+            assert out.dtype == io and out.shape == q.shape and lse.shape == q.shape[:-1]
+            row = 0
+            for b, n in enumerate(tokens):
+                length = len(keys[b])
+                for i in range(n):
+                    seen = np.arange(length) <= length - n + i
+                    if masked:
+                        seen[length - n:] = masks[b][i]
+                    ref, ref_lse = attend_seen(q[row], keys[b], values[b], seen, 1 / np.sqrt(head_dim))
+                    tol = 2e-3 if io == np.float16 else 1e-5
+                    err = np.linalg.norm(out[row].astype(np.float64) - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+                    assert err.max() < tol, (b, i, err.max())
+                    np.testing.assert_allclose(lse[row], ref_lse, atol=1e-4)
+                    row += 1
+
+
+def test_extend_gives_decodes_bits(rng):
+    """Up to 8 new tokens: pkv_decode with those query tokens, unsplit, computes the same sums."""
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        seqs = [pool.alloc() for _ in range(3)]
+        pool.append(seqs, [9, 30, 17])
+        pool.write(0, seqs, [9, 30, 17], rng.standard_normal((56, 2, 32)), rng.standard_normal((56, 2, 32)))
+        q = rng.standard_normal((3, 5, 4, 32)).astype(np.float32)
+        out = pool.extend(0, seqs, [5, 5, 5], q.reshape(15, 4, 32))
+        np.testing.assert_array_equal(out.reshape(q.shape), pool.decode(0, seqs, q, chunk_pages=2**32 - 1))
+
+
+def test_extend_refuses_bad_input(rng):
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        s = pool.alloc()
+        pool.append([s], [3])
+        pool.write(0, [s], [3], rng.standard_normal((3, 2, 32)), rng.standard_normal((3, 2, 32)))
+        with pytest.raises(pagedkv.InvalidArgumentError, match="fewer than its 4 queries"):
+            pool.extend(0, [s], [4], np.zeros((4, 2, 32), np.float32))
+        with pytest.raises(pagedkv.InvalidArgumentError, match="sees itself"):
+            pool.extend(0, [s], [2], np.zeros((2, 2, 32), np.float32), masks=[np.array([[1, 0], [1, 0]])])
+        with pytest.raises(ValueError, match="expected its sequence's"):
+            pool.extend(0, [s], [2], np.zeros((2, 2, 32), np.float32), masks=[np.ones((3, 3))])
+        with pytest.raises(ValueError, match="sum"):
+            pool.extend(0, [s], [2], np.zeros((3, 2, 32), np.float32))
 
 
 def test_a_sequence_twice_in_one_decode(rng):

@@ -30,6 +30,7 @@ static const struct fact facts[] = {
     VALUE(PKV_FORMAT_INVALID, 0), VALUE(PKV_FORMAT_F32, 1), VALUE(PKV_FORMAT_F16, 2), VALUE(PKV_FORMAT_BF16, 3),
     VALUE(PKV_FORMAT_Q8_0, 4), VALUE(PKV_FORMAT_Q4_0, 5), VALUE(PKV_MEMORY_HOST, 0), VALUE(PKV_MEMORY_DEVICE, 1),
     VALUE(PKV_MEMORY_HOST_PINNED, 2), VALUE(PKV_SEQ_IMAGE_VERSION, 1), VALUE(PKV_SEQ_IMAGE_HEADER_BYTES, 128),
+    VALUE(PKV_MAX_EXTEND_ROWS, 0xffffffffu),
 
     SIZE(pkv_context_desc, 24), ALIGN(pkv_context_desc, 8),
     AT(pkv_context_desc, struct_size, 0), AT(pkv_context_desc, backend, 4), AT(pkv_context_desc, device, 8),
@@ -86,8 +87,16 @@ static const struct fact facts[] = {
     AT(pkv_page_span, region, 0), AT(pkv_page_span, layer, 4), AT(pkv_page_span, index, 8),
     AT(pkv_page_span, part, 12), AT(pkv_page_span, offset, 16), AT(pkv_page_span, bytes, 24),
 
-    /* the function table: version 1, then versions 2 and 3 */
-    SIZE(pkv_api, 8 + 8 * 33), ALIGN(pkv_api, 8),
+    SIZE(pkv_extend_args, 96), ALIGN(pkv_extend_args, 8),
+    AT(pkv_extend_args, struct_size, 0), AT(pkv_extend_args, layer, 4), AT(pkv_extend_args, seqs, 8),
+    AT(pkv_extend_args, count, 16), AT(pkv_extend_args, q_heads, 20), AT(pkv_extend_args, q_offsets, 24),
+    AT(pkv_extend_args, scale, 32), AT(pkv_extend_args, q_format, 36), AT(pkv_extend_args, out_format, 40),
+    AT(pkv_extend_args, memory, 44), AT(pkv_extend_args, q, 48), AT(pkv_extend_args, out, 56),
+    AT(pkv_extend_args, lse, 64), AT(pkv_extend_args, mask, 72), AT(pkv_extend_args, mask_offsets, 80),
+    AT(pkv_extend_args, mask_bytes, 88),
+
+    /* the function table: version 1, then versions 2, 3 and 4 */
+    SIZE(pkv_api, 8 + 8 * 34), ALIGN(pkv_api, 8),
     AT(pkv_api, struct_size, 0), AT(pkv_api, api_version, 4),
     API(version, 0), API(version_string, 1), API(status_string, 2), API(last_error, 3), API(backend_name, 4),
     API(format_name, 5), API(context_create, 6), API(context_destroy, 7), API(context_backend, 8),
@@ -96,7 +105,7 @@ static const struct fact facts[] = {
     API(seq_length, 18), API(append, 19), API(write, 20), API(read, 21), API(decode, 22),
     API(pool_get_stats, 23), API(convert_from_f32, 24), API(convert_to_f32, 25), API(format_row_bytes, 26),
     API(decode_prepare, 27), API(seq_export_size, 28), API(seq_export, 29), API(seq_import, 30),
-    API(pool_regions, 31), API(seq_page_spans, 32),
+    API(pool_regions, 31), API(seq_page_spans, 32), API(extend, 33),
 };
 
 int main(void) {

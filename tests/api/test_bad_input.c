@@ -234,6 +234,31 @@ static pkv_decode_args good_decode(fixture *f) {
 }
 
 /* b's whole image into f->image */
+/* a: its last token, b: its 3 tokens, empty: none (3 query rows, as decode's q holds); the mask's rows
+ * are the causal ones: entry 0 at byte 0, entry 1 at bytes 1 and 2. */
+static const uint32_t extend_offsets[4] = {0, 1, 3, 3};
+static const uint8_t causal_mask[3] = {1, 1, 3};
+static const uint64_t mask_offsets[3] = {0, 1, 3};
+static pkv_extend_args good_extend(fixture *f) {
+  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+  a.layer = 1;
+  a.seqs = f->batch;
+  a.count = 3;
+  a.q_heads = Q_HEADS;
+  a.q_offsets = extend_offsets;
+  a.q = f->q;
+  a.out = f->out;
+  a.lse = f->lse;
+  return a;
+}
+static pkv_extend_args good_masked_extend(fixture *f) {
+  pkv_extend_args a = good_extend(f);
+  a.mask = causal_mask;
+  a.mask_offsets = mask_offsets;
+  a.mask_bytes = sizeof causal_mask;
+  return a;
+}
+
 static pkv_export_args good_export(fixture *f) {
   pkv_export_args a = PKV_EXPORT_ARGS_INIT;
   a.seq = f->b;
@@ -292,6 +317,8 @@ static pkv_status try_pool(fixture *f, const pkv_pool_desc *d) {
 #define READ(fn, ...) EDIT(fn, pkv_read_args, good_read(f), pkv_read(f->pool, &a), __VA_ARGS__)
 #define DECODE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode(f->pool, &a), __VA_ARGS__)
 #define PREPARE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode_prepare(f->pool, &a), __VA_ARGS__)
+#define EXTEND(fn, ...) EDIT(fn, pkv_extend_args, good_extend(f), pkv_extend(f->pool, &a), __VA_ARGS__)
+#define MASKED(fn, ...) EDIT(fn, pkv_extend_args, good_masked_extend(f), pkv_extend(f->pool, &a), __VA_ARGS__)
 #define EXPORT_SIZE(fn, ...) EDIT(fn, pkv_export_args, good_export(f), pkv_seq_export_size(f->pool, &a, &f->image[0]), __VA_ARGS__)
 #define EXPORT(fn, ...) EDIT(fn, pkv_export_args, good_export(f), pkv_seq_export(f->pool, &a), __VA_ARGS__)
 #define IMPORT(fn, ...) EDIT(fn, pkv_import_args, good_import(f), pkv_seq_import(f->pool, &a, &f->imported), __VA_ARGS__)
@@ -570,6 +597,47 @@ DECODE(decode_memory_unknown, a.memory = (pkv_memory)5)
 DECODE(decode_memory_negative, a.memory = (pkv_memory)-1)
 DECODE(decode_count_0_null, a.seqs = NULL; a.q = NULL; a.out = NULL; a.lse = NULL; a.count = 0)
 
+/* Extend: the attention checks decode makes, then the offsets, the rows' total and the mask */
+CALL(extend_pool_null, pkv_extend_args a = good_extend(f); return pkv_extend(NULL, &a))
+CALL(extend_args_null, return pkv_extend(f->pool, NULL))
+SIZED(extend_sized, pkv_extend_args, mask_bytes, good_extend(f), pkv_extend(f->pool, a))
+EXTEND(extend_layer_past_end, a.layer = LAYERS)
+EXTEND(extend_seqs_null, a.seqs = NULL)
+EXTEND(extend_offsets_null, a.q_offsets = NULL)
+EXTEND(extend_q_null, a.q = NULL)
+EXTEND(extend_out_null, a.out = NULL)
+EXTEND(extend_zero, pkv_seq s[3] = {f->a, f->b, zero}; a.seqs = s)
+EXTEND(extend_freed, pkv_seq s[3] = {f->a, f->b, f->freed}; a.seqs = s)
+EXTEND(extend_other_pool, pkv_seq s[3] = {f->a, f->b, f->other}; a.seqs = s)
+EXTEND(extend_q_heads_0, a.q_heads = 0)
+EXTEND(extend_q_heads_3, a.q_heads = 3) /* not a multiple of kv_heads (2) */
+EXTEND(extend_q_heads_past_max, a.q_heads = PKV_MAX_Q_HEADS + KV_HEADS)
+EXTEND(extend_scale_nan, a.scale = NAN)
+EXTEND(extend_scale_negative, a.scale = -1.0f)
+EXTEND(extend_q_q8_0, a.q_format = PKV_FORMAT_Q8_0)
+EXTEND(extend_out_invalid, a.out_format = PKV_FORMAT_INVALID)
+EXTEND(extend_memory_unknown, a.memory = (pkv_memory)5)
+EXTEND(extend_offsets_not_from_0, static const uint32_t o[4] = {1, 2, 3, 3}; a.q_offsets = o)
+EXTEND(extend_offsets_decreasing, static const uint32_t o[4] = {0, 2, 1, 3}; a.q_offsets = o)
+EXTEND(extend_tokens_past_length, static const uint32_t o[4] = {0, 1, 5, 5}; a.q_offsets = o) /* b holds 3 */
+EXTEND(extend_empty_with_tokens, static const uint32_t o[4] = {0, 1, 3, 4}; a.q_offsets = o)
+/* 2^22 + 1 queries of 1024 heads: more rows than 32 bits count (checked before any length). */
+EXTEND(extend_rows_overflow, static const uint32_t o[4] = {0, 0, 0, (1u << 22) + 1}; a.q_offsets = o;
+       a.q_heads = PKV_MAX_Q_HEADS)
+MASKED(extend_mask_offsets_null, a.mask_offsets = NULL)
+MASKED(extend_mask_too_small, a.mask_bytes = 2)
+MASKED(extend_mask_offset_past_end, static const uint64_t o[3] = {0, 2, 3}; a.mask_offsets = o)
+MASKED(extend_mask_offset_huge, static const uint64_t o[3] = {0, UINT64_MAX, 3}; a.mask_offsets = o)
+MASKED(extend_mask_without_self, static const uint8_t m[3] = {1, 1, 1}; a.mask = m)
+MASKED(extend_mask_sees_later, static const uint8_t m[3] = {1, 3, 3}; a.mask = m)
+/* Accepted: bits past T_b in a row's last byte are ignored; a sequence named twice; no rows at all
+ * with q and out NULL; count 0. A backend without extend (the GPU backends) refuses them. */
+MASKED(extend_mask_bits_past_tokens, static const uint8_t m[3] = {0xff, 0xf9, 0xfb}; a.mask = m)
+EXTEND(extend_twice, pkv_seq s[3] = {f->b, f->b, f->a}; a.seqs = s)
+EXTEND(extend_no_rows_null, static const uint32_t o[4] = {0, 0, 0, 0}; a.q_offsets = o; a.q = NULL; a.out = NULL;
+       a.lse = NULL)
+EXTEND(extend_count_0_null, a.seqs = NULL; a.q_offsets = NULL; a.q = NULL; a.out = NULL; a.count = 0)
+
 /* Format conversion */
 static float conv_src[64];
 static unsigned char conv_dst[256];
@@ -600,6 +668,9 @@ CALL(get_api_out_null, return pkv_get_api(PKV_API_VERSION, NULL))
 #define BAD(fn, expect) {#fn, fn, 0, expect, PKV_OK, 0}
 #define BAD2(fn, expect, also) {#fn, fn, 0, expect, also, 0}
 #define OK(fn) {#fn, fn, 0, PKV_OK, PKV_OK, 0}
+/* A valid extend: accepted by the CPU backend (valid_calls_succeed insists there), refused by a
+ * backend without extend. */
+#define NO_EXTEND_OR_OK(fn) {#fn, fn, 0, PKV_OK, PKV_ERR_UNSUPPORTED, 0}
 #define SIZES(fn, larger_mutates)                                                                     \
   {#fn " 0", fn, SZ_ZERO, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},                                           \
       {#fn " 4", fn, SZ_FOUR, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},                                       \
@@ -766,6 +837,41 @@ static const bad_case cases[] = {
     BAD(decode_memory_negative, INVALID),
     OK(decode_count_0_null),
 
+    BAD(extend_pool_null, INVALID),
+    BAD(extend_args_null, INVALID),
+    SIZES(extend_sized, 0),
+    BAD(extend_layer_past_end, INVALID),
+    BAD(extend_seqs_null, INVALID),
+    BAD(extend_offsets_null, INVALID),
+    BAD(extend_q_null, INVALID),
+    BAD(extend_out_null, INVALID),
+    BAD(extend_zero, STALE),
+    BAD(extend_freed, STALE),
+    BAD(extend_other_pool, STALE),
+    BAD(extend_q_heads_0, INVALID),
+    BAD(extend_q_heads_3, INVALID),
+    BAD(extend_q_heads_past_max, INVALID),
+    BAD(extend_scale_nan, INVALID),
+    BAD(extend_scale_negative, INVALID),
+    BAD(extend_q_q8_0, INVALID),
+    BAD(extend_out_invalid, INVALID),
+    BAD(extend_memory_unknown, INVALID),
+    BAD(extend_offsets_not_from_0, INVALID),
+    BAD(extend_offsets_decreasing, INVALID),
+    BAD(extend_tokens_past_length, INVALID),
+    BAD(extend_empty_with_tokens, INVALID),
+    BAD(extend_rows_overflow, INVALID),
+    BAD(extend_mask_offsets_null, INVALID),
+    BAD(extend_mask_too_small, INVALID),
+    BAD(extend_mask_offset_past_end, INVALID),
+    BAD(extend_mask_offset_huge, INVALID),
+    BAD(extend_mask_without_self, INVALID),
+    BAD(extend_mask_sees_later, INVALID),
+    NO_EXTEND_OR_OK(extend_mask_bits_past_tokens),
+    NO_EXTEND_OR_OK(extend_twice),
+    NO_EXTEND_OR_OK(extend_no_rows_null),
+    OK(extend_count_0_null),
+
     BAD(prepare_pool_null, INVALID),
     BAD(prepare_args_null, INVALID),
     SIZES(prepare_sized, 0),
@@ -888,6 +994,15 @@ static void valid_calls_succeed(void **state) {
   d.out = NULL;
   CHECK_OK(pkv_decode_prepare(f->pool, &d));
   CHECK_OK(pkv_write(f->pool, &w));
+  pkv_backend backend = PKV_BACKEND_AUTO;
+  CHECK_OK(pkv_context_backend(f->ctx, &backend));
+  pkv_extend_args x = good_extend(f), xm = good_masked_extend(f);
+  if (backend == PKV_BACKEND_CPU) {
+    CHECK_OK(pkv_extend(f->pool, &x));
+    CHECK_OK(pkv_extend(f->pool, &xm));
+  } else {
+    pu_assert_fails(pkv_extend(f->pool, &x), PKV_ERR_UNSUPPORTED);
+  }
   CHECK_OK(pkv_convert_from_f32(PKV_FORMAT_Q4_0, conv_src, 64, conv_dst));
   CHECK_OK(pkv_convert_to_f32(PKV_FORMAT_Q8_0, conv_dst, 32, conv_src));
   const pkv_api *api = NULL;

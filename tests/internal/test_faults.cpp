@@ -218,6 +218,31 @@ pkv_status decode(World &w, bool launch) {
   return launch ? pkv_decode(w.pool, &a) : pkv_decode_prepare(w.pool, &a);
 }
 
+// New tokens of a, the fork, the unwritten sequence and the empty one, 6 queries in all, with a tree
+// mask: the second of a's three sees the first, the third only itself.
+constexpr uint32_t kExtendQueries = 6;
+constexpr size_t kExtendOut = kExtendQueries * kQHeads * (kHeadDim + 1) * sizeof(float);
+
+pkv_status extend(World &w) {
+  static const uint32_t offsets[5] = {0, 3, 5, 6, 6};
+  static const uint8_t mask[6] = {1, 3, 4, 1, 3, 1};
+  static const uint64_t mask_offsets[4] = {0, 3, 5, 6};
+  const pkv_seq batch[4] = {w.a, w.fork, w.unwritten, w.empty};
+  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+  a.layer = 1;
+  a.seqs = batch;
+  a.count = 4;
+  a.q_heads = kQHeads;
+  a.q_offsets = offsets;
+  a.q = w.k.data();
+  a.out = w.out.data();
+  a.lse = reinterpret_cast<float *>(w.out.data()) + kExtendQueries * kQHeads * kHeadDim;
+  a.mask = mask;
+  a.mask_offsets = mask_offsets;
+  a.mask_bytes = sizeof mask;
+  return pkv_extend(w.pool, &a);
+}
+
 // Where a scenario's call runs: through the API only (it reads, or touches no context or pool), or on
 // the stand-in too (every call that may change a context or pool); a call that only releases cannot
 // fail, so a GPU call failing under it is absorbed.
@@ -330,6 +355,8 @@ const Scenario kScenarios[] = {
        return pkv_read(w.pool, &a); }, true, Reach::device},
     {"decode", kDecodeOut, queries, [](World &w) { return decode(w, true); }, true, Reach::device},
     {"decode_prepare", kDecodeOut, queries, [](World &w) { return decode(w, false); }, true, Reach::device},
+    // The GPU backends have no extend: through the API on the CPU only.
+    {"extend", kExtendOut, queries, extend, true, Reach::api},
     {"seq_export_size", 8, nullptr, [](World &w) {
        const pkv_export_args a = export_of(w, nullptr);
        uint64_t n = 0;

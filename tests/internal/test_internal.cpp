@@ -50,23 +50,13 @@ void chunk_ending_near_2_to_the_32(const char *variant) {
   g.base = DevPtr(uintptr_t(block.data()));
   g.table = DevPtr(uintptr_t(table.data()));
 
-  const uint32_t slot = 0, length = UINT32_MAX;
+  const uint32_t length = UINT32_MAX;
   std::vector<float> q(head_dim, 0.5f), out(head_dim, NAN);
   float lse = NAN;
-  DecodeBatch b{};
-  b.count = 1;
-  b.q_heads = 1;
-  b.q_tokens = 1;
-  b.scale = 1.0f;
-  b.q_format = PKV_FORMAT_F32;
-  b.out_format = PKV_FORMAT_F32;
-  b.memory = PKV_MEMORY_HOST;
-  b.q = q.data();
-  b.seq_slots = &slot;
-  b.lengths = &length;
-  const PlanRecord chunk{0, length - tokens, length, kNoPart, slot, length, kNoPart, 1, kAllHeads, {}};
   AttendScratch scratch;
-  const ChunkTask task{&g, &b, &chunk, 0, out.data(), &lse, &scratch};
+  const TokenView view{length, nullptr, 0};
+  const AttendTask task{&g, 0, 0, table.data(), length - tokens, length, 1, 1, q.data(), &view, 1.0f,
+                        out.data(), &lse, &scratch};
   const AttendKernel kernel = attend_kernel(variant);
   assert_non_null(kernel.run);
 #if !defined(_WIN32)

@@ -319,6 +319,7 @@ class ConfigBackend final : public Backend {
   void gather(const PoolGeometry &, const GatherArgs &) override { fail_msg("unexpected gather"); }
   void prepare_decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected prepare_decode"); }
   void decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected decode"); }
+  void extend(const PoolGeometry &, const ExtendBatch &) override { fail_msg("unexpected extend"); }
   void export_image(const PoolGeometry &, const ExportArgs &) override { fail_msg("unexpected export_image"); }
   uint64_t import_image(const PoolGeometry &, const ImportArgs &) override {
     fail_msg("unexpected import_image");

@@ -5,15 +5,21 @@
 
 void oracle_attend(const double *q, const float *k, const float *v, size_t stride, uint32_t n, uint32_t head_dim,
                    double scale, double *out, double *mag, double *lse) {
+  oracle_attend_seen(q, k, v, stride, n, NULL, head_dim, scale, out, mag, lse);
+}
+
+void oracle_attend_seen(const double *q, const float *k, const float *v, size_t stride, uint32_t n,
+                        const uint8_t *seen, uint32_t head_dim, double scale, double *out, double *mag, double *lse) {
   for (uint32_t d = 0; d < head_dim; d++) out[d] = mag[d] = 0.0;
-  if (n == 0) {
-    *lse = -INFINITY;
-    return;
-  }
-  double *logit = malloc(n * sizeof *logit), z = 0.0;
+  *lse = -INFINITY;
+  if (n == 0) return;
+  double *logit = malloc(n * sizeof *logit), z = 0.0, mx = -INFINITY;
   if (!logit) abort();
-  const double mx = oracle_logits(q, k, stride, n, head_dim, scale, logit);
-  for (uint32_t t = 0; t < n; t++) {
+  oracle_logits(q, k, stride, n, head_dim, scale, logit);
+  for (uint32_t t = 0; t < n; t++)
+    if (!seen || seen[t]) mx = fmax(mx, logit[t]);
+  for (uint32_t t = 0; t < n && mx > -INFINITY; t++) {
+    if (seen && !seen[t]) continue;
     const double p = exp(logit[t] - mx);
     z += p;
     for (uint32_t d = 0; d < head_dim; d++) {
@@ -21,8 +27,10 @@ void oracle_attend(const double *q, const float *k, const float *v, size_t strid
       mag[d] += p * fabs((double)v[t * stride + d]);
     }
   }
-  for (uint32_t d = 0; d < head_dim; d++) out[d] /= z, mag[d] /= z;
-  *lse = mx + log(z);
+  if (z > 0.0) {
+    for (uint32_t d = 0; d < head_dim; d++) out[d] /= z, mag[d] /= z;
+    *lse = mx + log(z);
+  }
   free(logit);
 }
 

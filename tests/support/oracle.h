@@ -16,6 +16,11 @@
 void oracle_attend(const double *q, const float *k, const float *v, size_t stride, uint32_t n, uint32_t head_dim,
                    double scale, double *out, double *mag, double *lse);
 
+/* oracle_attend over the keys [0, n) that seen[t] (nonzero) marks; seen NULL: every one. A causal or
+ * masked attention is this with the query's visible positions marked. */
+void oracle_attend_seen(const double *q, const float *k, const float *v, size_t stride, uint32_t n,
+                        const uint8_t *seen, uint32_t head_dim, double scale, double *out, double *mag, double *lse);
+
 /* logit[t] = scale q.k_t over keys [0, n) (k holds row t at t * stride); returns their maximum
  * (-infinity for n = 0). oracle_attend's first step, for a check that needs the logits themselves. */
 double oracle_logits(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim, double scale,

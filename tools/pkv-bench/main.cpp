@@ -2,7 +2,7 @@
 // bandwidth and against a contiguous padded baseline, append throughput and host overhead, as
 // docs/benchmarks.md specifies (the matrix, the flags and the columns). Public API only.
 // Here: the options, which workloads run, and the run. The matrix is in workloads.cpp, the
-// measurements in decode.cpp, append.cpp, overhead.cpp and transfer.cpp, the tables and the JSON in
+// measurements in decode.cpp, append.cpp, overhead.cpp, transfer.cpp and extend.cpp, the tables and the JSON in
 // output.cpp.
 #include "pagedkv.h"
 
@@ -161,7 +161,14 @@ int main(int argc, char **argv) {
       std::string id = strf("%s-%s/%s/%s/%uK", it.op, it.where, kShapes[0].name, f->name, image_tokens / 1024);
       if (filter.empty() || id.find(filter) != std::string::npos) transfers.push_back({&it, f});
     }
-  if (!filter.empty() && run.empty() && appends.empty() && transfers.empty() &&
+  // Extend: an engine step's new tokens, F16 and Q8_0 pages.
+  std::vector<std::pair<const ExtendItem *, const Formats *>> extends;
+  for (const Formats *f : {&kFormats[0], &kFormats[2]})
+    for (const ExtendItem &it : kExtends) {
+      std::string id = strf("extend-%s/%s/%s", it.name, kShapes[0].name, f->name);
+      if (filter.empty() || id.find(filter) != std::string::npos) extends.push_back({&it, f});
+    }
+  if (!filter.empty() && run.empty() && appends.empty() && transfers.empty() && extends.empty() &&
       std::none_of(std::begin(kOverhead), std::end(kOverhead),
                    [&](const OverheadItem &it) { return std::strstr(it.id, filter.c_str()) != nullptr; })) {
     bool in_full = false;
@@ -182,6 +189,7 @@ int main(int argc, char **argv) {
       if (filter.empty() || std::strstr(it.id, filter.c_str())) std::printf("%s\n", it.id);
     for (auto &t : transfers)
       std::printf("%s-%s/%s/%s/%uK\n", t.first->op, t.first->where, kShapes[0].name, t.second->name, image_tokens / 1024);
+    for (auto &x : extends) std::printf("extend-%s/%s/%s\n", x.first->name, kShapes[0].name, x.second->name);
     return 0;
   }
 
@@ -244,7 +252,7 @@ int main(int argc, char **argv) {
   for (const Workload &w : run) {
     dec.push_back(measure_decode(e, w));
     print_decode_row(dec.back());
-    write_json(json_path.c_str(), e, m, dec, {}, {}, {});
+    write_json(json_path.c_str(), e, m, dec, {}, {}, {}, {});
   }
   if (!full) print_left_to_full(run, filter); // what the default run leaves to --full, by workload
 
@@ -254,7 +262,7 @@ int main(int argc, char **argv) {
   for (auto &a : appends) {
     app.push_back(measure_append(e, a.first, a.second));
     print_append_row(app.back());
-    write_json(json_path.c_str(), e, m, dec, app, {}, {});
+    write_json(json_path.c_str(), e, m, dec, app, {}, {}, {});
   }
 
   // Sequence images.
@@ -263,7 +271,16 @@ int main(int argc, char **argv) {
   for (auto &t : transfers) {
     xfer.push_back(measure_transfer(e, *t.first, *t.second, image_tokens));
     print_transfer_row(xfer.back());
-    write_json(json_path.c_str(), e, m, dec, app, {}, xfer);
+    write_json(json_path.c_str(), e, m, dec, app, {}, xfer, {});
+  }
+
+  // Extend.
+  std::vector<ExtendResult> ext;
+  if (!extends.empty()) print_extend_header();
+  for (auto &x : extends) {
+    ext.push_back(measure_extend(e, *x.first, *x.second));
+    print_extend_row(ext.back());
+    write_json(json_path.c_str(), e, m, dec, app, {}, xfer, ext);
   }
 
   // Host overhead.
@@ -271,12 +288,13 @@ int main(int argc, char **argv) {
   if (!ovh.empty()) print_overhead_header();
   for (const OverheadResult &r : ovh) print_overhead_row(r);
 
-  write_json(json_path.c_str(), e, m, dec, app, ovh, xfer);
+  write_json(json_path.c_str(), e, m, dec, app, ovh, xfer, ext);
   int errors = 0;
   for (auto &r : dec) errors += r.status == "error";
   for (auto &r : app) errors += r.status == "error";
   for (auto &r : ovh) errors += r.status == "error";
   for (auto &r : xfer) errors += r.status == "error";
+  for (auto &r : ext) errors += r.status == "error";
   pkv_status st = pkv_context_destroy(e.ctx);
   if (st != PKV_OK) {
     std::fprintf(stderr, "pkv-bench: pkv_context_destroy: %s: %s\n", pkv_status_string(st), pkv_last_error());

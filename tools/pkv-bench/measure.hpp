@@ -1,5 +1,6 @@
 // The measurements, one file each: decode against the padded baseline (decode.cpp), append
-// throughput (append.cpp), host overhead (overhead.cpp), sequence images (transfer.cpp). Each returns its rows' results; a skipped or
+// throughput (append.cpp), host overhead (overhead.cpp), sequence images (transfer.cpp), extend
+// (extend.cpp). Each returns its rows' results; a skipped or
 // failed measurement says why in its result rather than throwing.
 #pragma once
 
@@ -72,5 +73,26 @@ struct TransferResult {
 };
 
 TransferResult measure_transfer(Env &e, const TransferItem &it, const Formats &f, uint32_t tokens);
+
+// ---------------------------------------------------------------------------------------------
+// Extend: pkv_extend of `count` sequences' `fresh` new tokens over `cached` ones (gqa4-d128, pages of
+// 16, host q and out), causal or with random tree masks; FLOPs counted as 4 x q_heads x head_dim per
+// position a query sees (its q.k and its p.v, each a multiply and an add per value).
+
+struct ExtendItem {
+  const char *name;
+  uint32_t count, cached, fresh;
+  bool prefix; // the sequences are forks of one cached prefix
+  bool tree;   // random tree masks rather than causal attention
+};
+extern const ExtendItem kExtends[4];
+
+struct ExtendResult {
+  const ExtendItem *item = nullptr;
+  std::string id, status = "ok", reason;
+  double us = 0, flops = 0, tflops = 0;
+};
+
+ExtendResult measure_extend(Env &e, const ExtendItem &it, const Formats &f);
 
 } // namespace bench

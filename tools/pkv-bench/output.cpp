@@ -104,9 +104,22 @@ void print_transfer_row(const TransferResult &r) {
   std::fflush(stdout);
 }
 
+void print_extend_header() {
+  std::printf("\n%-40s %10s %10s %8s  %s\n", "extend", "GFLOP", "time us", "TFLOP/s",
+              "(causal FLOPs: 4 x q_heads x head_dim per position a query sees)");
+}
+
+void print_extend_row(const ExtendResult &r) {
+  if (r.status == "ok")
+    std::printf("%-40s %10.2f %10.1f %8.3f\n", r.id.c_str(), r.flops / 1e9, r.us, r.tflops);
+  else
+    std::printf("%-40s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
+  std::fflush(stdout);
+}
+
 void write_json(const char *path, const Env &e, const Meta &m, const std::vector<DecodeResult> &dec,
                 const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh,
-                const std::vector<TransferResult> &xfer) {
+                const std::vector<TransferResult> &xfer, const std::vector<ExtendResult> &ext) {
   // Written whole after every row, through a temporary file, so the file is always complete JSON.
   const std::string tmp = std::string(path) + ".tmp";
   FILE *f = std::fopen(tmp.c_str(), "w");
@@ -186,6 +199,17 @@ void write_json(const char *path, const Env &e, const Meta &m, const std::vector
                  ok ? json_num(r.us).c_str() : "null", ok ? json_num(r.gbs).c_str() : "null",
                  ok ? json_num(r.copy_us).c_str() : "null", ok ? json_num(r.copy_gbs).c_str() : "null",
                  ok ? json_num(r.pct, "%.2f").c_str() : "null");
+  }
+  std::fprintf(f, "\n  ],\n  \"extend\": [");
+  for (size_t i = 0; i < ext.size(); i++) {
+    const ExtendResult &r = ext[i];
+    const bool ok = r.status == "ok";
+    std::fprintf(f, "%s\n    {\"id\": %s, \"status\": %s, \"reason\": %s, \"sequences\": %u, \"cached\": %u, "
+                    "\"new\": %u, \"prefix\": %s, \"tree\": %s, \"flops\": %.0f, \"time_us\": %s, \"tflops\": %s}",
+                 i ? "," : "", json_str(r.id).c_str(), json_str(r.status).c_str(), json_str(r.reason).c_str(),
+                 r.item->count, r.item->cached, r.item->fresh, r.item->prefix ? "true" : "false",
+                 r.item->tree ? "true" : "false", r.flops, ok ? json_num(r.us).c_str() : "null",
+                 ok ? json_num(r.tflops, "%.4f").c_str() : "null");
   }
   std::fprintf(f, "\n  ]\n}\n");
   if (std::fclose(f) != 0 || std::rename(tmp.c_str(), path) != 0)

@@ -30,8 +30,11 @@ void print_overhead_row(const OverheadResult &r);
 void print_transfer_header();
 void print_transfer_row(const TransferResult &r);
 
+void print_extend_header();
+void print_extend_row(const ExtendResult &r);
+
 void write_json(const char *path, const Env &e, const Meta &m, const std::vector<DecodeResult> &dec,
                 const std::vector<AppendResult> &app, const std::vector<OverheadResult> &ovh,
-                const std::vector<TransferResult> &xfer);
+                const std::vector<TransferResult> &xfer, const std::vector<ExtendResult> &ext);
 
 } // namespace bench

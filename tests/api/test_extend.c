@@ -1,0 +1,632 @@
+/* pkv_extend against the float64 oracle.
+ *
+ * As in test_decode.c, the test keeps its own copy of what every page holds (each value written, as
+ * the source format stores it, rounded to the page format by tu_round_trip) and the oracle computes,
+ * in double, each query's attention over the positions it sees: causal, or the positions before the
+ * new tokens plus the new tokens its mask row marks. Every call's out and lse are poisoned with NaN
+ * first, and every element must be written.
+ *
+ * The cases:
+ *   matrix   every K/V format pair x head_dim 32/64/128/256, GQA groups 1..8 (and 16) spread over
+ *            them: a ragged batch (an empty sequence, T_b = 0, a sequence named twice, lengths
+ *            straddling pages) in shuffled pages, over two layers of different data;
+ *   chunks   a prompt fed as several chunks over the growing cache gives what one whole call gives;
+ *   prefix   a prefix forked into children, each extended with its own new tokens in one call;
+ *   tree     random tree masks (each new token sees its ancestors and itself);
+ *   decode   extend with T_b <= 8 gives pkv_decode's bits (q_tokens = T_b, chunk_pages = UINT32_MAX);
+ *   random   seeded engine scenarios: prefill chunks, decode steps, forks and truncations, masks.
+ * On a backend without extend (the GPU backends today) one case checks the refusal and the rest skip.
+ *
+ * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include "tu_run.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oracle.h"
+#include "poolutil.h"
+#include "testutil.h"
+
+#define F32 PKV_FORMAT_F32
+#define F16 PKV_FORMAT_F16
+#define BF16 PKV_FORMAT_BF16
+#define Q8_0 PKV_FORMAT_Q8_0
+#define Q4_0 PKV_FORMAT_Q4_0
+
+enum { LAYERS = 2, MAX_SEQS = 16 };
+
+static uint64_t g_seed;
+static pkv_backend g_backend; /* the backend PKV_BACKEND picks here */
+
+typedef struct shape {
+  pkv_format k, v;
+  uint32_t head_dim, kv_heads, group, page_size;
+  pkv_format src, q, out;
+  float scale; /* 0: 1/sqrt(head_dim) */
+} shape;
+
+/* A pool and the test's copy of what its pages hold. */
+typedef struct model {
+  shape s;
+  uint32_t row, q_heads, cap, n; /* n: sequences made so far */
+  tu_rng rng;
+  pkv_context *ctx;
+  pkv_pool *pool;
+  pkv_seq seq[MAX_SEQS];
+  uint32_t len[MAX_SEQS];
+  float *k[MAX_SEQS], *v[MAX_SEQS]; /* [layer][cap][kv_heads][head_dim] */
+} model;
+
+/* One call's entries: sequence index and new tokens of each, and an optional mask. */
+typedef struct batch {
+  uint32_t count;
+  uint32_t idx[MAX_SEQS + 4];
+  uint32_t offsets[MAX_SEQS + 5];
+  uint8_t *mask; /* NULL: causal */
+  uint64_t mask_offsets[MAX_SEQS + 4], mask_bytes;
+} batch;
+
+static void model_open(model *m, const shape *s, uint32_t cap, uint32_t pages, tu_rng rng) {
+  memset(m, 0, sizeof *m);
+  m->s = *s;
+  m->row = s->kv_heads * s->head_dim;
+  m->q_heads = s->kv_heads * s->group;
+  m->cap = cap;
+  m->rng = rng;
+  CHECK_OK(pu_context(&m->ctx));
+  pkv_pool_desc pd = pu_desc(LAYERS, s->kv_heads, s->head_dim, s->page_size, pages, MAX_SEQS, s->k, s->v);
+  pd.page_order_seed = 1 + tu_below(&m->rng, 0x7fffffff);
+  pd.max_sequence_length = cap;
+  CHECK_OK(pkv_pool_create(m->ctx, &pd, &m->pool));
+}
+
+static uint32_t model_alloc(model *m) {
+  assert_true(m->n < MAX_SEQS);
+  const uint32_t i = m->n++;
+  CHECK_OK(pkv_seq_alloc(m->pool, &m->seq[i]));
+  m->k[i] = pu_malloc((size_t)LAYERS * m->cap * m->row * sizeof(float));
+  m->v[i] = pu_malloc((size_t)LAYERS * m->cap * m->row * sizeof(float));
+  return i;
+}
+
+static uint32_t model_fork(model *m, uint32_t parent) {
+  const uint32_t i = model_alloc(m);
+  CHECK_OK(pkv_seq_free(m->pool, m->seq[i]));
+  CHECK_OK(pkv_seq_fork(m->pool, m->seq[parent], &m->seq[i]));
+  m->len[i] = m->len[parent];
+  memcpy(m->k[i], m->k[parent], (size_t)LAYERS * m->cap * m->row * sizeof(float));
+  memcpy(m->v[i], m->v[parent], (size_t)LAYERS * m->cap * m->row * sizeof(float));
+  return i;
+}
+
+static void model_close(model *m) {
+  CHECK_OK(pkv_pool_destroy(m->pool));
+  CHECK_OK(pkv_context_destroy(m->ctx));
+  for (uint32_t i = 0; i < m->n; i++) {
+    free(m->k[i]);
+    free(m->v[i]);
+  }
+}
+
+static size_t at(const model *m, uint32_t layer, uint32_t pos) { return ((size_t)layer * m->cap + pos) * m->row; }
+
+/* Appends n_new tokens to sequence i and writes random rows for them in every layer. */
+static void model_grow(model *m, uint32_t i, uint32_t n_new) {
+  if (n_new == 0) return;
+  assert_true(m->len[i] + n_new <= m->cap);
+  CHECK_OK(pkv_append(m->pool, &m->seq[i], &n_new, 1));
+  m->len[i] += n_new;
+  const size_t values = (size_t)n_new * m->row;
+  void *kb = pu_malloc(values * 4), *vb = pu_malloc(values * 4);
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    for (int part = 0; part < 2; part++) {
+      void *buf = part ? vb : kb;
+      float *kept = (part ? m->v[i] : m->k[i]) + at(m, l, m->len[i] - n_new);
+      for (size_t e = 0; e < values; e++) {
+        tu_store(m->s.src, buf, e, (float)tu_uniform(&m->rng, -1.0, 1.0));
+        kept[e] = tu_load(m->s.src, buf, e);
+      }
+      tu_round_trip(part ? m->s.v : m->s.k, kept, values, kept); /* 32-groups never straddle heads */
+    }
+    CHECK_OK(pu_write(m->pool, l, &m->seq[i], &n_new, 1, m->s.src, kb, vb));
+  }
+  free(kb);
+  free(vb);
+}
+
+static void batch_add(batch *b, uint32_t idx, uint32_t tokens) {
+  assert_true(b->count < MAX_SEQS + 4);
+  if (b->count == 0) b->offsets[0] = 0;
+  b->idx[b->count] = idx;
+  b->offsets[b->count + 1] = b->offsets[b->count] + tokens;
+  b->count++;
+}
+
+static uint32_t batch_tokens(const batch *b, uint32_t e) { return b->offsets[e + 1] - b->offsets[e]; }
+static size_t batch_rows(const model *m, const batch *b) { return (size_t)b->offsets[b->count] * m->q_heads; }
+
+/* Random tree masks for every entry, packed one after another: token i's parent is a random earlier
+ * new token (or none), and it sees its parent's ancestors and itself. */
+static void batch_tree_masks(model *m, batch *b) {
+  uint64_t bytes = 0;
+  for (uint32_t e = 0; e < b->count; e++) {
+    b->mask_offsets[e] = bytes;
+    bytes += (uint64_t)batch_tokens(b, e) * ((batch_tokens(b, e) + 7) / 8);
+  }
+  b->mask = calloc(bytes + 1, 1);
+  b->mask_bytes = bytes;
+  for (uint32_t e = 0; e < b->count; e++) {
+    const uint32_t n = batch_tokens(b, e), rb = (n + 7) / 8;
+    uint8_t *mask = b->mask + b->mask_offsets[e];
+    for (uint32_t i = 0; i < n; i++) {
+      uint8_t *row = mask + (size_t)i * rb;
+      if (i > 0 && tu_below(&m->rng, 4) != 0) memcpy(row, mask + (size_t)tu_below(&m->rng, i) * rb, rb);
+      row[i / 8] |= (uint8_t)(1u << (i % 8));
+    }
+  }
+}
+
+static void random_q(model *m, const batch *b, void *q) {
+  for (size_t i = 0; i < batch_rows(m, b) * m->s.head_dim; i++)
+    tu_store(m->s.q, q, i, (float)tu_uniform(&m->rng, -2.0, 2.0));
+}
+
+static pkv_extend_args extend_args(model *m, const batch *b, pkv_seq *seqs, uint32_t layer, const void *q, void *out,
+                                   float *lse) {
+  for (uint32_t e = 0; e < b->count; e++) seqs[e] = m->seq[b->idx[e]];
+  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+  a.layer = layer;
+  a.seqs = seqs;
+  a.count = b->count;
+  a.q_heads = m->q_heads;
+  a.q_offsets = b->offsets;
+  a.scale = m->s.scale;
+  a.q_format = m->s.q;
+  a.out_format = m->s.out;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  a.mask = b->mask;
+  a.mask_offsets = b->mask ? b->mask_offsets : NULL;
+  a.mask_bytes = b->mask_bytes;
+  return a;
+}
+
+/* Extends one layer of the batch into NaN-poisoned out and lse; every element must be written. */
+static void run_extend(model *m, const batch *b, uint32_t layer, const void *q, void *out, float *lse) {
+  const size_t values = batch_rows(m, b) * m->s.head_dim;
+  for (size_t i = 0; i < values; i++) tu_store(m->s.out, out, i, NAN);
+  for (size_t i = 0; i < batch_rows(m, b); i++) lse[i] = NAN;
+  pkv_seq seqs[MAX_SEQS + 4];
+  const pkv_extend_args a = extend_args(m, b, seqs, layer, q, out, lse);
+  CHECK_OK(pkv_extend(m->pool, &a));
+  for (size_t i = 0; i < values; i++)
+    if (isnan(tu_load(m->s.out, out, i))) fail_msg("layer %u: out[%zu] was not written", layer, i);
+  for (size_t i = 0; i < batch_rows(m, b); i++)
+    if (isnan(lse[i])) fail_msg("layer %u: lse[%zu] was not written", layer, i);
+}
+
+typedef struct worst {
+  double out, lse;
+} worst;
+
+/* Every row of one extend of `layer` against the oracle. */
+static void check_oracle(const model *m, const batch *b, uint32_t layer, const void *q, const void *out,
+                         const float *lse, const char *what, worst *w) {
+  const oracle_tolerance tol = oracle_tolerance_for(m->s.k);
+  const double out_tol = tol.out_rel + oracle_out_rounding(m->s.out);
+  const uint32_t hd = m->s.head_dim;
+  const double scale = m->s.scale != 0.0f ? (double)m->s.scale : 1.0 / sqrt((double)hd);
+  double *qd = pu_malloc(hd * sizeof *qd), *ref = pu_malloc(hd * sizeof *ref), *mag = pu_malloc(hd * sizeof *mag);
+  uint8_t *seen = pu_malloc(m->cap);
+  for (uint32_t e = 0; e < b->count; e++) {
+    const uint32_t s = b->idx[e], n = batch_tokens(b, e), before = m->len[s] - n, rb = (n + 7) / 8;
+    for (uint32_t i = 0; i < n; i++) {
+      /* Query i sees every position before the new tokens, and new token j where the mask (or
+       * causality, j <= i) lets it. */
+      memset(seen, 1, before);
+      for (uint32_t j = 0; j < n; j++) {
+        const uint8_t *row = b->mask ? b->mask + b->mask_offsets[e] + (size_t)i * rb : NULL;
+        seen[before + j] = row ? (row[j / 8] >> (j % 8)) & 1 : j <= i;
+      }
+      for (uint32_t h = 0; h < m->q_heads; h++) {
+        const size_t li = ((size_t)b->offsets[e] + i) * m->q_heads + h, o = li * hd;
+        const size_t kv = at(m, layer, 0) + (size_t)(h / m->s.group) * hd;
+        for (uint32_t d = 0; d < hd; d++) qd[d] = tu_load(m->s.q, q, o + d);
+        double ref_lse;
+        oracle_attend_seen(qd, m->k[s] + kv, m->v[s] + kv, m->row, before + i + 1, seen, hd, scale, ref, mag, &ref_lse);
+        double err2 = 0.0, ref2 = 0.0;
+        for (uint32_t d = 0; d < hd; d++) {
+          const double diff = (double)tu_load(m->s.out, out, o + d) - ref[d];
+          err2 += diff * diff;
+          ref2 += ref[d] * ref[d];
+        }
+        const double rel = sqrt(err2 / fmax(ref2, 1e-300));
+        if (rel > out_tol)
+          fail_msg("%s: layer %u entry %u (length %u, %u new) query %u head %u: relative error %.3g > %.3g", what,
+                   layer, e, m->len[s], n, i, h, rel, out_tol);
+        const double le = fabs((double)lse[li] - ref_lse);
+        if (!(le <= tol.lse_abs))
+          fail_msg("%s: layer %u entry %u query %u head %u: lse %.9g, expected %.9g", what, layer, e, i, h,
+                   (double)lse[li], ref_lse);
+        w->out = fmax(w->out, rel);
+        w->lse = fmax(w->lse, le);
+      }
+    }
+  }
+  free(seen);
+  free(qd);
+  free(ref);
+  free(mag);
+}
+
+/* Extends every layer of the batch with fresh q and checks each against the oracle. */
+static void extend_and_check(model *m, const batch *b, const char *what, worst *w) {
+  const size_t rows = batch_rows(m, b);
+  void *q = pu_malloc(rows * m->s.head_dim * 4), *out = pu_malloc(rows * m->s.head_dim * 4);
+  float *lse = pu_malloc(rows * sizeof *lse);
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    random_q(m, b, q);
+    run_extend(m, b, l, q, out, lse);
+    check_oracle(m, b, l, q, out, lse, what, w);
+  }
+  free(q);
+  free(out);
+  free(lse);
+}
+
+static void report(const model *m, const worst *w) {
+  const oracle_tolerance tol = oracle_tolerance_for(m->s.k);
+  print_message("    worst: out %.2e (allowed %.2e), lse %.2e (allowed %.2e)\n", w->out,
+                tol.out_rel + oracle_out_rounding(m->s.out), w->lse, tol.lse_abs);
+}
+
+/* Skips the running case where the backend has no extend (one case checks that refusal). */
+static void need_extend(void) {
+  if (g_backend != PKV_BACKEND_CPU) skip();
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The matrix: 25 format pairs x 4 head_dims; group, kv_heads, page size, I/O formats and scale spread.
+ * ------------------------------------------------------------------------------------------------- */
+static const pkv_format formats[5] = {F32, F16, BF16, Q8_0, Q4_0};
+static const uint32_t head_dims[4] = {32, 64, 128, 256};
+static const uint32_t page_sizes[5] = {1, 4, 16, 64, 8};
+static const pkv_format io[3] = {F32, F16, BF16};
+enum { MATRIX = 100 };
+
+static shape matrix_shape(uint32_t c) {
+  shape s;
+  s.k = formats[c / 20];
+  s.v = formats[c / 4 % 5];
+  s.head_dim = head_dims[c % 4];
+  s.group = c % 25 == 24 ? 16 : 1 + c % 8;
+  s.kv_heads = 1 + c % 3;
+  s.page_size = page_sizes[c % 5];
+  s.src = io[c % 3];
+  s.q = io[c / 3 % 3];
+  s.out = io[c / 9 % 3];
+  /* Keeps quantized K's logits' spread <= ~1 (oracle_tolerance_for); float K gets the default too. */
+  s.scale = tu_quantized(s.k) ? 0.3f / sqrtf((float)s.head_dim) * 2.0f : (c % 2 ? 0.0f : 0.2f);
+  return s;
+}
+
+static void matrix_case(void **state) {
+  need_extend();
+  const uint32_t c = (uint32_t)(uintptr_t)*state;
+  const shape s = matrix_shape(c);
+  tu_rng r = tu_rng_stream(g_seed, c);
+  model m;
+  model_open(&m, &s, 400, 1024, r);
+  const uint32_t p = s.page_size;
+  /* lengths before the new tokens, and new tokens: crossing pages, from nothing, none */
+  const uint32_t before[6] = {0, p - 1 + (p == 1), 2 * p + 1, 0, 90 + tu_below(&m.rng, 60), 5};
+  const uint32_t fresh[6] = {p + 3, 2 * p + 1, 1, 0, 40 + tu_below(&m.rng, 40), 0};
+  batch b = {0};
+  for (uint32_t i = 0; i < 6; i++) {
+    const uint32_t s_i = model_alloc(&m);
+    model_grow(&m, s_i, before[i]);
+  }
+  for (uint32_t i = 0; i < 6; i++) model_grow(&m, i, fresh[i]);
+  /* Shuffled entries; sequence 5 keeps all its tokens old (T_b = 0), sequence 3 is empty, sequence 1
+   * is named twice with the same new tokens. */
+  uint32_t order[6] = {0, 1, 2, 3, 4, 5};
+  tu_shuffle(&m.rng, order, 6);
+  for (uint32_t i = 0; i < 6; i++) batch_add(&b, order[i], fresh[order[i]]);
+  batch_add(&b, 1, fresh[1]);
+  worst w = {0, 0};
+  extend_and_check(&m, &b, "matrix", &w);
+  report(&m, &w);
+  model_close(&m);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Chunked prefill equals one whole call; a prefix hit; tree masks; decode's bits.
+ * ------------------------------------------------------------------------------------------------- */
+static const shape few[] = {
+    {F16, F16, 128, 2, 4, 16, F16, F16, F32, 0.0f},
+    {Q8_0, Q4_0, 64, 1, 8, 8, F32, BF16, F16, 0.15f},
+    {F32, BF16, 256, 2, 1, 4, BF16, F32, F32, 0.0f},
+    {Q4_0, F16, 32, 3, 6, 64, F32, F16, BF16, 0.2f},
+    {BF16, Q8_0, 128, 1, 3, 16, F16, F32, F32, 0.0f},
+};
+
+/* Within float32 rounding of the same sums: the chunks attend the same positions in the same blocks. */
+static double agree_tol(pkv_format out) { return 1e-6 + 2.0 * oracle_out_rounding(out); }
+
+static void chunks_case(void **state) {
+  need_extend();
+  const shape *s = *state;
+  tu_rng r = tu_rng_stream(g_seed, 1000 + (uint64_t)(s - few));
+  model m;
+  model_open(&m, s, 700, 700, r);
+  const uint32_t prompt = 300 + tu_below(&m.rng, 300), i = model_alloc(&m);
+  const uint32_t hd = s->head_dim;
+  const size_t rows = (size_t)prompt * m.q_heads;
+  void *q = pu_malloc(rows * hd * 4), *chunked = pu_malloc(rows * hd * 4), *whole = pu_malloc(rows * hd * 4);
+  float *chunked_lse = pu_malloc(rows * 4), *whole_lse = pu_malloc(rows * 4);
+  batch all = {0};
+  batch_add(&all, i, prompt);
+  random_q(&m, &all, q);
+  /* Chunks of random sizes, each extended over the cache grown so far, its q and out rows the prompt's. */
+  const size_t row_q = (size_t)m.q_heads * hd * tu_elem_bytes(s->q), row_out = (size_t)m.q_heads * hd * tu_elem_bytes(s->out);
+  worst w = {0, 0};
+  uint32_t chunks = 0;
+  for (uint32_t done = 0; done < prompt; chunks++) {
+    const uint32_t n = tu_min_u32(prompt - done, 1 + tu_below(&m.rng, 130));
+    model_grow(&m, i, n);
+    batch b = {0};
+    batch_add(&b, i, n);
+    run_extend(&m, &b, 1, (const uint8_t *)q + done * row_q, (uint8_t *)chunked + done * row_out,
+               chunked_lse + (size_t)done * m.q_heads);
+    check_oracle(&m, &b, 1, (const uint8_t *)q + done * row_q, (uint8_t *)chunked + done * row_out,
+                 chunked_lse + (size_t)done * m.q_heads, "chunk", &w);
+    done += n;
+  }
+  run_extend(&m, &all, 1, q, whole, whole_lse);
+  check_oracle(&m, &all, 1, q, whole, whole_lse, "whole", &w);
+  for (size_t row = 0; row < rows; row++) {
+    double d2 = 0.0, r2 = 0.0;
+    for (uint32_t d = 0; d < hd; d++) {
+      const double a = tu_load(s->out, whole, row * hd + d), c = tu_load(s->out, chunked, row * hd + d);
+      d2 += (a - c) * (a - c);
+      r2 += a * a;
+    }
+    if (sqrt(d2 / fmax(r2, 1e-300)) > agree_tol(s->out) || fabs((double)whole_lse[row] - chunked_lse[row]) > 1e-6)
+      fail_msg("query %zu head %zu: %u chunks differ from the whole call by %.3g (lse %.9g vs %.9g)", row / m.q_heads,
+               row % m.q_heads, chunks, sqrt(d2 / fmax(r2, 1e-300)), (double)chunked_lse[row], (double)whole_lse[row]);
+  }
+  print_message("    %u tokens in %u chunks\n", prompt, chunks);
+  report(&m, &w);
+  free(q);
+  free(chunked);
+  free(whole);
+  free(chunked_lse);
+  free(whole_lse);
+  model_close(&m);
+}
+
+/* A cached prefix (ending inside a page) forked into children; each child appends its own tokens
+ * (the first copies the shared partial page) and all are extended in one call, the prefix beside
+ * them with none. */
+static void prefix_case(void **state) {
+  need_extend();
+  const shape *s = *state;
+  tu_rng r = tu_rng_stream(g_seed, 2000 + (uint64_t)(s - few));
+  model m;
+  model_open(&m, s, 600, 600, r);
+  const uint32_t parent = model_alloc(&m);
+  model_grow(&m, parent, (100 + tu_below(&m.rng, 300)) | 1);
+  batch b = {0};
+  batch_add(&b, parent, 0);
+  for (uint32_t c = 0; c < 4; c++) {
+    const uint32_t child = model_fork(&m, parent), n = 1 + tu_below(&m.rng, 70);
+    model_grow(&m, child, n);
+    batch_add(&b, child, n);
+  }
+  worst w = {0, 0};
+  extend_and_check(&m, &b, "prefix", &w);
+  report(&m, &w);
+  model_close(&m);
+}
+
+static void tree_case(void **state) {
+  need_extend();
+  const shape *s = *state;
+  tu_rng r = tu_rng_stream(g_seed, 3000 + (uint64_t)(s - few));
+  model m;
+  model_open(&m, s, 400, 1200, r);
+  batch b = {0};
+  for (uint32_t i = 0; i < 4; i++) {
+    const uint32_t seq = model_alloc(&m), n = i == 3 ? 0 : 1 + tu_below(&m.rng, 40);
+    model_grow(&m, seq, tu_below(&m.rng, 200) + n);
+    batch_add(&b, seq, n);
+  }
+  batch_tree_masks(&m, &b);
+  worst w = {0, 0};
+  extend_and_check(&m, &b, "tree", &w);
+  /* One mask shared by every entry of the same token count: equal offsets. */
+  batch same = {0};
+  for (uint32_t i = 0; i < 3; i++) batch_add(&same, i, 0);
+  free(b.mask);
+  const uint32_t n = tu_min_u32(tu_min_u32(m.len[0], m.len[1]), tu_min_u32(m.len[2], 20));
+  same.offsets[1] = n, same.offsets[2] = 2 * n, same.offsets[3] = 3 * n;
+  batch one = {0};
+  batch_add(&one, 0, n);
+  batch_tree_masks(&m, &one);
+  same.mask = one.mask;
+  same.mask_bytes = one.mask_bytes;
+  extend_and_check(&m, &same, "shared tree", &w);
+  report(&m, &w);
+  free(one.mask);
+  model_close(&m);
+}
+
+/* T_b <= 8 new tokens: pkv_decode with q_tokens = T_b over the unsplit sequence computes the same
+ * sums in the same order, so the bits agree. */
+static void decode_case(void **state) {
+  need_extend();
+  const shape *s = *state;
+  tu_rng r = tu_rng_stream(g_seed, 4000 + (uint64_t)(s - few));
+  model m;
+  model_open(&m, s, 600, 1200, r);
+  for (uint32_t i = 0; i < 4; i++) model_grow(&m, model_alloc(&m), i == 0 ? 0 : 8 + tu_below(&m.rng, 500));
+  for (uint32_t t = 1; t <= 8; t++) {
+    batch b = {0};
+    pkv_seq seqs[4];
+    for (uint32_t i = 0; i < 4; i++) batch_add(&b, i, m.len[i] ? t : 0);
+    batch dec = {0}; /* decode's q rows: the empty sequence's too */
+    for (uint32_t i = 0; i < 4; i++) batch_add(&dec, i, t), seqs[i] = m.seq[i];
+    const size_t rows = batch_rows(&m, &dec), bytes = rows * s->head_dim * tu_elem_bytes(s->out);
+    void *q = pu_malloc(rows * s->head_dim * 4), *out = pu_malloc(bytes), *dout = pu_malloc(bytes);
+    float *lse = pu_malloc(rows * 4), *dlse = pu_malloc(rows * 4);
+    random_q(&m, &dec, q);
+    /* The empty sequence's rows come first: extend's q starts after them. */
+    const size_t skip = (size_t)t * m.q_heads;
+    run_extend(&m, &b, 0, (const uint8_t *)q + skip * s->head_dim * tu_elem_bytes(s->q),
+               (uint8_t *)out + skip * s->head_dim * tu_elem_bytes(s->out), lse + skip);
+    pkv_decode_args d = pu_decode_args(0, seqs, 4, m.q_heads, q, dout, dlse);
+    d.q_tokens = t;
+    d.scale = s->scale;
+    d.q_format = s->q;
+    d.out_format = s->out;
+    d.chunk_pages = UINT32_MAX;
+    CHECK_OK(pkv_decode(m.pool, &d));
+    const size_t tail = (rows - skip) * s->head_dim * tu_elem_bytes(s->out);
+    if (memcmp((uint8_t *)out + skip * s->head_dim * tu_elem_bytes(s->out),
+               (uint8_t *)dout + skip * s->head_dim * tu_elem_bytes(s->out), tail) != 0 ||
+        memcmp(lse + skip, dlse + skip, (rows - skip) * 4) != 0)
+      fail_msg("%u new tokens: extend's bits differ from decode's", t);
+    free(q);
+    free(out);
+    free(dout);
+    free(lse);
+    free(dlse);
+  }
+  model_close(&m);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Random engine scenarios: each step either prefills a chunk of some sequences, decodes a token of
+ * others, forks, truncates, or verifies a tree, all extended in one ragged call checked by the oracle.
+ * ------------------------------------------------------------------------------------------------- */
+enum { SCENARIOS = 12, STEPS = 10 };
+
+static void random_case(void **state) {
+  need_extend();
+  const uint32_t k = (uint32_t)(uintptr_t)*state;
+  tu_rng r = tu_rng_stream(g_seed, 5000 + k);
+  shape s = matrix_shape(tu_below(&r, MATRIX));
+  s.page_size = 1u << tu_below(&r, 8);
+  model m;
+  model_open(&m, &s, 512, 4096, r);
+  print_message("    k=%s v=%s hd=%u kvh=%u group=%u page=%u\n", pkv_format_name(s.k), pkv_format_name(s.v), s.head_dim,
+                s.kv_heads, s.group, s.page_size);
+  for (uint32_t i = 0; i < 4; i++) model_alloc(&m);
+  worst w = {0, 0};
+  for (uint32_t step = 0; step < STEPS; step++) {
+    const uint32_t action = tu_below(&m.rng, 4);
+    if (action == 0 && m.n < MAX_SEQS) model_fork(&m, tu_below(&m.rng, m.n));
+    if (action == 1) {
+      const uint32_t i = tu_below(&m.rng, m.n), keep = tu_below(&m.rng, m.len[i] + 1);
+      CHECK_OK(pkv_seq_truncate(m.pool, m.seq[i], keep));
+      m.len[i] = keep;
+    }
+    batch b = {0};
+    for (uint32_t i = 0; i < m.n; i++) {
+      if (tu_below(&m.rng, 3) == 0) continue;
+      const uint32_t room = m.cap - m.len[i], kind = tu_below(&m.rng, 3);
+      const uint32_t n = tu_min_u32(room, kind == 0 ? 1 : kind == 1 ? 1 + tu_below(&m.rng, 8) : tu_below(&m.rng, 100));
+      model_grow(&m, i, n);
+      batch_add(&b, i, n);
+    }
+    if (b.count == 0) continue;
+    if (action == 3) batch_tree_masks(&m, &b);
+    extend_and_check(&m, &b, "random", &w);
+    free(b.mask);
+  }
+  report(&m, &w);
+  model_close(&m);
+}
+
+/* On a backend without extend: the refusal, its status and text, and nothing changed. */
+static void refusal_case(void **state) {
+  (void)state;
+  if (g_backend == PKV_BACKEND_CPU) skip();
+  const shape s = {F16, F16, 128, 1, 4, 16, F32, F32, F32, 0.0f};
+  model m;
+  model_open(&m, &s, 64, 8, tu_rng_stream(g_seed, 9000));
+  const uint32_t i = model_alloc(&m);
+  model_grow(&m, i, 5);
+  batch b = {0};
+  batch_add(&b, i, 5);
+  const pkv_pool_stats before = pu_stats(m.pool);
+  float q[5 * 4 * 128] = {0}, out[5 * 4 * 128], lse[5 * 4];
+  pkv_seq seqs[1];
+  const pkv_extend_args a = extend_args(&m, &b, seqs, 0, q, out, lse);
+  pu_assert_fails(pkv_extend(m.pool, &a), PKV_ERR_UNSUPPORTED);
+  assert_non_null(strstr(pkv_last_error(), "has no extend kernel yet"));
+  const pkv_pool_stats after = pu_stats(m.pool);
+  pu_assert_stats_equal(&after, &before);
+  model_close(&m);
+}
+
+static void backend_of_this_run(void) {
+  pkv_context *ctx = NULL;
+  const pkv_status st = pu_context(&ctx);
+  if (tu_backend_missing(st)) exit(TU_EXIT_SKIP);
+  if (st != PKV_OK || pkv_context_backend(ctx, &g_backend) != PKV_OK) {
+    fprintf(stderr, "no context: %s\n", pkv_last_error());
+    exit(1);
+  }
+  pkv_context_destroy(ctx);
+}
+
+static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFunction fn, void *state) {
+  memset(&t[*n], 0, sizeof t[*n]);
+  char *copy = pu_malloc(strlen(name) + 1);
+  strcpy(copy, name);
+  t[*n].name = copy;
+  t[*n].test_func = fn;
+  t[*n].initial_state = state;
+  ++*n;
+}
+
+int main(void) {
+  g_seed = tu_seed();
+  backend_of_this_run();
+  struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS + 1];
+  size_t n = 0;
+  char name[160];
+  add(tests, &n, "refusal", refusal_case, NULL);
+  for (uint32_t c = 0; c < MATRIX; c++) {
+    const shape s = matrix_shape(c);
+    snprintf(name, sizeof name, "matrix k=%s v=%s hd=%u kvh=%u group=%u page=%u", pkv_format_name(s.k),
+             pkv_format_name(s.v), s.head_dim, s.kv_heads, s.group, s.page_size);
+    add(tests, &n, name, matrix_case, (void *)(uintptr_t)c);
+  }
+  const char *kinds[4] = {"chunks", "prefix", "tree", "decode"};
+  const CMUnitTestFunction fns[4] = {chunks_case, prefix_case, tree_case, decode_case};
+  for (uint32_t k = 0; k < 4; k++)
+    for (size_t i = 0; i < TU_COUNT(few); i++) {
+      snprintf(name, sizeof name, "%s k=%s v=%s hd=%u group=%u", kinds[k], pkv_format_name(few[i].k),
+               pkv_format_name(few[i].v), few[i].head_dim, few[i].group);
+      add(tests, &n, name, fns[k], (void *)&few[i]);
+    }
+  for (uint32_t k = 0; k < SCENARIOS; k++) {
+    snprintf(name, sizeof name, "random %u", k);
+    add(tests, &n, name, random_case, (void *)(uintptr_t)k);
+  }
+  const char *filter = getenv("PKV_TEST_FILTER");
+  if (filter && *filter) cmocka_set_test_filter(filter);
+  const int failed = tu_run_group("extend", tests, n, NULL, NULL);
+  for (size_t i = 0; i < n; i++) free((void *)tests[i].name);
+  return failed;
+}
