@@ -14,6 +14,7 @@
  *   5. Pools and sequences
  *   6. Append, write and read of K/V rows
  *   7. Decode
+ *  7a. Attention variants (sliding window, soft-capping, sinks, ALiBi) and releasing early pages
  *   8. Statistics and format helpers
  *   9. Export and import of sequences; the pool's memory for transfer engines
  *  10. Extend: attention for many new tokens per sequence (chunked prefill, prefix hits, trees)
@@ -322,10 +323,15 @@ typedef struct pkv_decode_args {
                            are: natural-log sum of exp(scale q.k) */
   uint32_t chunk_pages; /* 0: the planner splits contexts; N: each split-K chunk covers at most N pages
                            (UINT32_MAX: no split); results agree within rounding either way */
+  /* Attention variants (section 7a); each is off at its zero value. */
+  const float *sinks;        /* NULL, or [q_heads] in host memory: a sink logit per query head */
+  const float *alibi_slopes; /* NULL, or [q_heads] in host memory: an ALiBi slope per query head */
+  uint32_t window;           /* 0, or a sliding window of this many positions */
+  float softcap;             /* 0, or the logits' soft cap */
 } pkv_decode_args;
 #define PKV_DECODE_ARGS_INIT                                                                        \
   { (uint32_t)sizeof(pkv_decode_args), 0, NULL, 0, 0, 1, 0.0f, PKV_FORMAT_F32, PKV_FORMAT_F32,       \
-    PKV_MEMORY_HOST, NULL, NULL, NULL, 0 }
+    PKV_MEMORY_HOST, NULL, NULL, NULL, 0, NULL, NULL, 0, 0.0f }
 
 PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args);
 
@@ -345,6 +351,41 @@ PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args);
  * PKV_ERR_INVALID_ARGUMENT and changes nothing. On the CPU backend pkv_decode_prepare only applies
  * the table changes. */
 PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *args);
+
+/* ---------------------------------------------------------------------------------------------------
+ * 7a. Attention variants (pkv_decode_args and pkv_extend_args alike)
+ *
+ * Per call, so that each layer passes its own; any combination; each off at its zero value (so a
+ * program built before they existed gets plain attention). For a query at position P (decode: token t
+ * of T at P = L - T + t; extend: P = L_b - T_b + i), query head h and a position j it sees, in order:
+ *   1. s = scale * q . k_j                               (scale as before: 0 selects 1/sqrt(head_dim))
+ *   2. softcap > 0:        s = softcap * tanh(s / softcap)       (Gemma 2: scale first, then the cap)
+ *   3. alibi_slopes:       s = s - alibi_slopes[h] * (P - j)
+ *   4. window > 0:         positions j <= P - window are not seen: the query sees (P - window, P]
+ *                          (besides causality and an extend's mask)
+ *   5. sinks:              out = sum_j e^(s_j) v_j / (sum_j e^(s_j) + e^(sinks[h])): the sink joins the
+ *                          denominator once (however the backend splits the positions) and adds no value
+ * lse is the natural log of that denominator: log(sum_j e^(s_j) [+ e^(sinks[h])]). A query that sees no
+ * position (an empty decode sequence) gives out = 0 and lse = sinks[h], or -infinity without sinks.
+ * Valid values: softcap finite and >= 0; every slope finite and >= 0; every sink finite (any sign);
+ * any window. sinks and alibi_slopes are read in host memory whatever `memory` says (q_heads floats,
+ * read before the call returns). The CPU backend has every variant; the CUDA and HIP backends refuse
+ * a decode that asks for any (PKV_ERR_UNSUPPORTED) before changing anything.
+ *
+ * A sequence whose early positions no query will see again (every layer of the pool windowed) can give
+ * their pages back with pkv_seq_release_before. An engine whose model mixes windowed and full layers
+ * (Gemma 2/3, gpt-oss) keeps one pool for each kind of layer: docs/api.md shows how.
+ * ------------------------------------------------------------------------------------------------- */
+
+/* Releases positions [0, position) of seq: every page wholly before `position` returns to the pool at
+ * once (a page still shared with a fork only loses this holder: the fork keeps it). The sequence's
+ * length and its later pages stay. position <= the sequence's length; a position at or below an
+ * earlier release changes nothing. Afterwards a pkv_decode, pkv_decode_prepare, pkv_extend, pkv_read or
+ * pkv_write that needs a released position fails with PKV_ERR_INVALID_ARGUMENT (naming the sequence
+ * and the position) and changes nothing, as do pkv_seq_truncate below `position` and, with
+ * PKV_ERR_UNSUPPORTED, pkv_seq_export(_size) and pkv_seq_page_spans of the sequence (an image holds
+ * every page). A fork of the sequence inherits its released positions. */
+PKV_API pkv_status pkv_seq_release_before(pkv_pool *pool, pkv_seq seq, uint32_t position);
 
 /* ---------------------------------------------------------------------------------------------------
  * 8. Statistics and format helpers
@@ -489,9 +530,8 @@ PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t firs
  * the bits pkv_decode gives with q_tokens = T_b and chunk_pages = UINT32_MAX. The CUDA and HIP
  * backends have no extend kernel yet: they refuse the call with PKV_ERR_UNSUPPORTED.
  *
- * The struct grows at its end (section 2's rule): attention variants (a sliding window, logit
- * soft-capping, attention sinks, ALiBi slopes) will come as new fields whose zero value means "off",
- * so a program built against this header keeps today's attention on a later library.
+ * The attention variants of section 7a (a sliding window, logit soft-capping, attention sinks, ALiBi
+ * slopes) apply here as in pkv_decode: the window on top of causality or the mask.
  * ------------------------------------------------------------------------------------------------- */
 typedef struct pkv_extend_args {
   uint32_t struct_size;
@@ -510,10 +550,15 @@ typedef struct pkv_extend_args {
   const uint8_t *mask;          /* NULL: causal; else host memory, the layout above */
   const uint64_t *mask_offsets; /* with a mask: [count], host memory: entry b's rows start at mask + this */
   uint64_t mask_bytes;          /* with a mask: the bytes at mask; every entry's rows lie inside them */
+  /* Attention variants (section 7a); each is off at its zero value. */
+  const float *sinks;           /* NULL, or [q_heads] in host memory: a sink logit per query head */
+  const float *alibi_slopes;    /* NULL, or [q_heads] in host memory: an ALiBi slope per query head */
+  uint32_t window;              /* 0, or a sliding window of this many positions */
+  float softcap;                /* 0, or the logits' soft cap */
 } pkv_extend_args;
 #define PKV_EXTEND_ARGS_INIT                                                                        \
   { (uint32_t)sizeof(pkv_extend_args), 0, NULL, 0, 0, NULL, 0.0f, PKV_FORMAT_F32, PKV_FORMAT_F32,    \
-    PKV_MEMORY_HOST, NULL, NULL, NULL, NULL, NULL, 0 }
+    PKV_MEMORY_HOST, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL, 0, 0.0f }
 
 /* Whatever the entries' rows, a call attends at most PKV_MAX_EXTEND_ROWS query rows
  * (q_offsets[count] x q_heads), so that a backend counts them in 32 bits. */
@@ -531,7 +576,7 @@ PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args);
  * serves every caller that asks for a version from 1 to N. Entries are named after the functions
  * without their pkv_ prefix; version 1's follow this header's order. docs/abi.md states the rules.
  * ------------------------------------------------------------------------------------------------- */
-#define PKV_API_VERSION 4
+#define PKV_API_VERSION 5
 
 typedef struct pkv_api {
   uint32_t struct_size; /* sizeof the library's table */
@@ -575,6 +620,8 @@ typedef struct pkv_api {
                                pkv_page_span *spans, uint64_t capacity, uint64_t *count);
   /* version 4 */
   pkv_status (*extend)(pkv_pool *pool, const pkv_extend_args *args);
+  /* version 5 */
+  pkv_status (*seq_release_before)(pkv_pool *pool, pkv_seq seq, uint32_t position);
 } pkv_api;
 
 /* Sets *out to the library's table when it offers `version` (from 1 to the library's PKV_API_VERSION;

@@ -44,6 +44,7 @@ constexpr pkv_api make_table() {
   t.pool_regions = pkv_pool_regions;
   t.seq_page_spans = pkv_seq_page_spans;
   t.extend = pkv_extend;
+  t.seq_release_before = pkv_seq_release_before;
   return t;
 }
 

@@ -92,8 +92,23 @@ struct DecodeConfig {
   PlanConfig plan;
 };
 
+// The attention variants of a decode or extend (pagedkv.h, section 7a), checked; all zero: plain
+// attention.
+struct AttentionVariants {
+  const float *sinks = nullptr;  // host, [q_heads], or null
+  const float *slopes = nullptr; // host, [q_heads] ALiBi slopes, or null
+  uint32_t window = 0;           // a query at position p sees (p - window, p]; 0: no window
+  float softcap = 0.0f;
+
+  bool any() const { return sinks || slopes || window || softcap != 0.0f; }
+  // The first position a query at `position` sees.
+  uint64_t first_seen(uint64_t position) const { return window && position >= window ? position + 1 - window : 0; }
+};
+
 // One layer's attention for a batch; sequence b's pages are the page-table row seq_slots[b]. Query
-// token t of q_tokens attends positions [0, length - q_tokens + t].
+// token t of q_tokens attends positions [starts[b], length - q_tokens + t], starts[b] being where
+// the window of the batch's first query token of the sequence begins (0 without a window): the plan
+// covers those positions, offset by starts[b] (its records' token ranges count from starts[b]).
 struct DecodeBatch {
   TableUpdates table;
   uint32_t layer, count, q_heads, q_tokens;
@@ -105,6 +120,8 @@ struct DecodeBatch {
   float *lse;
   const uint32_t *seq_slots; // host, count
   const uint32_t *lengths;   // host, count
+  const uint32_t *starts;    // host, count
+  AttentionVariants variants;
   const DecodeConfig *config; // the backend's, for this pool and batch shape
   const DecodePlan *plan;     // made from config.plan
   // The pool's plan buffer (PoolGeometry::plan) already holds this plan, so the call need not upload it.
@@ -130,6 +147,7 @@ struct ExtendBatch {
   const uint32_t *q_offsets; // host, count + 1
   const uint8_t *mask;       // host, or null: causal
   const uint64_t *mask_offsets; // host, count (with a mask)
+  AttentionVariants variants;
 };
 
 class Backend {

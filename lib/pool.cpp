@@ -29,6 +29,16 @@ pkv::PoolGeometry make_geometry(const pkv_pool_desc &d) {
   return g;
 }
 
+// The variants' fields of pkv_decode_args and pkv_extend_args.
+template <class Args> pkv::AttentionVariants variants_of(const Args &a) {
+  pkv::AttentionVariants v;
+  v.sinks = a.sinks;
+  v.slopes = a.alibi_slopes;
+  v.window = a.window;
+  v.softcap = a.softcap;
+  return v;
+}
+
 } // namespace
 
 pkv_pool::DeviceMemory::DeviceMemory(pkv_context *c, pkv::PoolGeometry *geometry) : ctx(c), g(geometry) {
@@ -110,9 +120,24 @@ std::vector<uint32_t> pkv_pool::resolve_batch(const pkv_seq *seqs, uint32_t coun
 
 void pkv_pool::drop_pages(Sequence &s, uint32_t keep) {
   while (s.pages.size() > keep) {
-    pages_.release(s.pages.back());
+    if (s.pages.back() != kReleasedPage) pages_.release(s.pages.back());
     s.pages.pop_back();
   }
+}
+
+void pkv_pool::check_held(const Sequence &s, uint64_t first, uint32_t index, const char *call) {
+  if (first >= s.released) return;
+  char name[32];
+  if (index == kSingle) std::snprintf(name, sizeof name, "seq");
+  else std::snprintf(name, sizeof name, "seqs[%u]", index);
+  fail(PKV_ERR_INVALID_ARGUMENT, "%s: the %s needs position %llu, but positions below %u were released "
+       "(pkv_seq_release_before)", name, call, (unsigned long long)first, s.released);
+}
+
+void pkv_pool::check_whole(const Sequence &s, const char *call) {
+  if (s.released)
+    fail(PKV_ERR_UNSUPPORTED, "%s: the sequence's positions below %u were released (pkv_seq_release_before), and an "
+         "image or span list covers every page of a sequence", call, s.released);
 }
 
 pkv::RowTransfer pkv_pool::transfer(uint32_t layer, const std::vector<pkv::RowSlot> &slots, pkv_format format,
@@ -163,6 +188,7 @@ pkv_seq pkv_pool::fork(pkv_seq parent) {
   reserve_pending(copy.pages.size()); // so that nothing below throws
   const pkv_seq child = handles_.acquire(&slot);
   for (uint32_t i = 0; i < copy.pages.size(); i++) {
+    if (copy.pages[i] == kReleasedPage) continue;
     pages_.retain(copy.pages[i]);
     pending_.push_back({slot, i, copy.pages[i]});
   }
@@ -176,9 +202,26 @@ void pkv_pool::truncate(pkv_seq seq, uint32_t new_length) {
   Sequence &s = seqs_[handles_.resolve(seq, "seq")];
   if (new_length > s.length)
     fail(PKV_ERR_INVALID_ARGUMENT, "new_length %u is past the sequence's length %u", new_length, s.length);
+  if (new_length < s.released)
+    fail(PKV_ERR_INVALID_ARGUMENT, "new_length %u is below the sequence's released positions (pkv_seq_release_before "
+         "%u): free the sequence instead", new_length, s.released);
   drop_pages(s, pages_for(new_length));
   tokens_live_ -= s.length - new_length;
   s.length = new_length;
+}
+
+void pkv_pool::release_before(pkv_seq seq, uint32_t position) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence &s = seqs_[handles_.resolve(seq, "seq")];
+  if (position > s.length)
+    fail(PKV_ERR_INVALID_ARGUMENT, "position %u is past the sequence's length %u", position, s.length);
+  // The device's page-table row keeps the old ids; no call reads below s.released again.
+  for (uint32_t i = 0; i < position / geometry_.page_size; i++)
+    if (s.pages[i] != kReleasedPage) {
+      pages_.release(s.pages[i]);
+      s.pages[i] = kReleasedPage;
+    }
+  s.released = std::max(s.released, position);
 }
 
 uint32_t pkv_pool::length(pkv_seq seq) {
@@ -268,6 +311,7 @@ void pkv_pool::write(const pkv_write_args &a) {
     if (a.n_tokens[i] > s.length)
       fail(PKV_ERR_INVALID_ARGUMENT, "n_tokens[%u] is %u but the sequence holds %u tokens: append first", i,
            a.n_tokens[i], s.length);
+    if (a.n_tokens[i] > 0) check_held(s, s.length - a.n_tokens[i], i, "write");
     for (uint32_t pos = s.length - a.n_tokens[i]; pos < s.length; pos++) {
       const pkv::RowSlot at = slot_of(s, pos);
       if (pages_.refs(at.page) > 1)
@@ -292,6 +336,7 @@ void pkv_pool::read(const pkv_read_args &a) {
     fail(PKV_ERR_INVALID_ARGUMENT, "positions [%u, %llu) are past the sequence's length %u", a.start,
          (unsigned long long)a.start + a.count, s.length);
   if (a.count == 0) return;
+  check_held(s, a.start, kSingle, "read");
   std::vector<pkv::RowSlot> sources(a.count);
   for (uint32_t i = 0; i < a.count; i++) sources[i] = slot_of(s, a.start + i);
   std::lock_guard<std::mutex> device(ctx_->mu);
@@ -308,18 +353,25 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
 
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
-  std::vector<uint32_t> lengths(a.count);
+  const pkv::AttentionVariants variants = variants_of(a);
+  // The plan covers what the queries see, [starts[i], lengths[i]), as spans[i] positions.
+  std::vector<uint32_t> lengths(a.count), starts(a.count), spans(a.count);
   for (uint32_t i = 0; i < a.count; i++) {
-    lengths[i] = seqs_[slots[i]].length;
-    if (lengths[i] != 0 && lengths[i] < a.q_tokens)
+    const Sequence &s = seqs_[slots[i]];
+    lengths[i] = s.length;
+    if (lengths[i] == 0) continue;
+    if (lengths[i] < a.q_tokens)
       fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u] holds %u tokens, fewer than q_tokens %u: append and write the query "
            "tokens first", i, lengths[i], a.q_tokens);
+    starts[i] = uint32_t(variants.first_seen(lengths[i] - a.q_tokens));
+    check_held(s, starts[i], i, "decode");
+    spans[i] = lengths[i] - starts[i];
   }
   pkv::Backend &backend = *ctx_->backend;
   std::lock_guard<std::mutex> device(ctx_->mu);
   const uint32_t rows = a.q_tokens * (a.q_heads / geometry_.kv_heads);
   const pkv::PlanCache::Entry &planned =
-      plans_.get(backend, geometry_, rows, {lengths.data(), slots.data(), a.count, geometry_.page_size,
+      plans_.get(backend, geometry_, rows, {spans.data(), slots.data(), a.count, geometry_.page_size,
                                             geometry_.kv_heads, a.chunk_pages});
 
   pkv::DecodeBatch batch{};
@@ -337,6 +389,8 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   batch.lse = a.lse;
   batch.seq_slots = slots.data();
   batch.lengths = lengths.data();
+  batch.starts = starts.data();
+  batch.variants = variants;
   batch.config = &planned.config;
   batch.plan = &planned.plan;
   batch.plan_resident = planned.resident;
@@ -352,6 +406,7 @@ void pkv_pool::extend(const pkv_extend_args &a) {
 
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
+  const pkv::AttentionVariants variants = variants_of(a);
   std::vector<uint32_t> lengths(a.count);
   for (uint32_t i = 0; i < a.count; i++) {
     lengths[i] = seqs_[slots[i]].length;
@@ -359,6 +414,7 @@ void pkv_pool::extend(const pkv_extend_args &a) {
     if (n > lengths[i])
       fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u] holds %u tokens, fewer than its %u queries (q_offsets[%u] to [%u]): "
            "append and write the query tokens first", i, lengths[i], n, i, i + 1);
+    if (n > 0) check_held(seqs_[slots[i]], variants.first_seen(lengths[i] - n), i, "extend");
   }
   pkv::ExtendBatch batch{};
   batch.table = table_updates();
@@ -377,6 +433,7 @@ void pkv_pool::extend(const pkv_extend_args &a) {
   batch.q_offsets = a.q_offsets;
   batch.mask = a.mask;
   batch.mask_offsets = a.mask_offsets;
+  batch.variants = variants;
   std::lock_guard<std::mutex> device(ctx_->mu);
   ctx_->backend->extend(geometry_, batch);
   pending_.clear();
@@ -401,12 +458,14 @@ pkv_pool_stats pkv_pool::stats() {
 uint64_t pkv_pool::export_size(pkv_seq seq, uint32_t first, uint32_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   const Sequence &s = seqs_[handles_.resolve(seq, "seq")];
+  check_whole(s, "pkv_seq_export_size");
   return pkv::make_image_header(geometry_, s.length, uint32_t(s.pages.size()), first, count).image_bytes();
 }
 
 void pkv_pool::export_seq(const pkv_export_args &a, uint32_t first, uint32_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   const Sequence &s = seqs_[handles_.resolve(a.seq, "seq")];
+  check_whole(s, "pkv_seq_export");
   const pkv::ImageHeader h = pkv::make_image_header(geometry_, s.length, uint32_t(s.pages.size()), first, count);
   if (a.image_bytes < h.image_bytes())
     fail(PKV_ERR_INVALID_ARGUMENT, "image_bytes is %llu but the sequence's image takes %llu bytes (pkv_seq_export_size)",
@@ -471,7 +530,7 @@ pkv_seq pkv_pool::import_seq(const pkv_import_args &a) {
   uint32_t slot;
   const pkv_seq seq = handles_.acquire(&slot);
   for (uint32_t i = 0; i < h.pages; i++) pending_.push_back({slot, i, taken[i]});
-  seqs_[slot] = Sequence{h.length, std::move(taken)};
+  seqs_[slot] = Sequence{h.length, 0, std::move(taken)};
   tokens_live_ += h.length;
   return seq;
 }
@@ -484,6 +543,7 @@ uint32_t pkv_pool::regions(pkv_memory_region *out, uint32_t capacity) const {
 uint64_t pkv_pool::page_spans(pkv_seq seq, uint32_t first, uint32_t count, pkv_page_span *spans, uint64_t capacity) {
   std::lock_guard<std::mutex> lock(mu_);
   const Sequence &s = seqs_[handles_.resolve(seq, "seq")];
+  check_whole(s, "pkv_seq_page_spans");
   const uint64_t n = 2ull * count * s.pages.size();
   if (!spans) return n;
   if (capacity < n)

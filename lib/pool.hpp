@@ -28,6 +28,8 @@ struct pkv_pool {
   void free(pkv_seq seq);
   pkv_seq fork(pkv_seq parent);
   void truncate(pkv_seq seq, uint32_t new_length);
+  // Gives back the pages wholly before `position` and marks positions below it released.
+  void release_before(pkv_seq seq, uint32_t position);
   uint32_t length(pkv_seq seq);
   void append(const pkv_seq *seqs, const uint32_t *n_new, uint32_t count);
   void write(const pkv_write_args &args);
@@ -50,8 +52,12 @@ struct pkv_pool {
   const pkv::PoolGeometry &geometry() const { return geometry_; }
 
  private:
+  // A page entry release_before gave back: the sequence keeps its place, not the page.
+  static constexpr uint32_t kReleasedPage = UINT32_MAX;
+
   struct Sequence {
     uint32_t length = 0;
+    uint32_t released = 0; // positions below it were released: no call reads or writes them
     std::vector<uint32_t> pages;
   };
 
@@ -59,6 +65,12 @@ struct pkv_pool {
   // Slots of a batch of sequences, each resolved and checked to appear once.
   std::vector<uint32_t> resolve_batch(const pkv_seq *seqs, uint32_t count, const char *what, bool unique);
   void drop_pages(Sequence &s, uint32_t keep);
+  // Fails unless the positions from `first` on are held, naming the sequence (seqs[index], or seq
+  // when index is kSingle) and the call.
+  static constexpr uint32_t kSingle = UINT32_MAX;
+  static void check_held(const Sequence &s, uint64_t first, uint32_t index, const char *call);
+  // Fails for a sequence with released positions: an image or spans cover every page.
+  static void check_whole(const Sequence &s, const char *call);
   pkv::RowSlot slot_of(const Sequence &s, uint32_t position) const;
   // The queued page-table changes, last write per entry kept, ready for the next device operation.
   pkv::TableUpdates table_updates();

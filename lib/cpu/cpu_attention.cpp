@@ -173,6 +173,21 @@ PKV_ALWAYS_INLINE float apply_mask(float *p, uint32_t n, uint64_t t0, const Toke
   return top;
 }
 
+// A row's scores past the plain case (p[i] is position t0 + i's q.k, i < n): scaled, soft-capped,
+// ALiBi-biased by slope times the distance to the query (at view.end - 1), and hidden below the
+// view's window start, in that order (pagedkv.h, section 7a); returns the largest.
+float shape_scores(float *p, uint32_t n, uint64_t t0, const TokenView &view, float scale, float softcap, float slope) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (uint32_t i = 0; i < n; i++) {
+    float s = p[i] * scale;
+    if (softcap != 0.0f) s = softcap * std::tanh(s / softcap);
+    s -= slope * float(view.end - 1 - (t0 + i));
+    p[i] = t0 + i < view.begin ? -std::numeric_limits<float>::infinity() : s;
+    top = std::max(top, p[i]);
+  }
+  return top;
+}
+
 // W: floats a vector.
 template <int W> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
   const PoolGeometry &g = *t.g;
@@ -218,9 +233,12 @@ template <int W> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
       bool live = false;
       for (int j = 0; j < R; j++) {
         float *pj = p + j * kTokenBlock;
-        float block_max = neg_inf;
-        for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= t.scale);
         const TokenView &view = t.views[(r + j) / group];
+        float block_max = neg_inf;
+        if (t.softcap == 0.0f && !t.slopes && view.begin <= t0)
+          for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= t.scale);
+        else
+          block_max = shape_scores(pj, nv, t0, view, t.scale, t.softcap, t.slopes ? t.slopes[(r + j) % group] : 0.0f);
         if (view.mask_row && t0 + nv > view.mask_from) block_max = apply_mask(pj, nv, t0, view);
         if (block_max == neg_inf) { // nothing finite to weigh (the row's m may still be -inf)
           correction[j] = 1.0f;
@@ -272,6 +290,14 @@ void load_queries(const PoolGeometry &g, pkv_format format, const void *q, uint6
     const uint64_t row = (first + tok) * q_heads + uint64_t(kv_head) * group;
     load_io(format, static_cast<const uint8_t *>(q) + row * D * elem, size_t(group) * D, &dst[size_t(tok) * group * D]);
   }
+}
+
+void add_sink(float *out, uint32_t D, float *lse, float sink) {
+  const float top = std::max(*lse, sink);
+  const float whole = top + std::log(std::exp(*lse - top) + std::exp(sink - top));
+  const float keep = std::exp(*lse - whole); // 0 where the row saw nothing (lse -inf)
+  for (uint32_t d = 0; d < D; d++) out[d] *= keep;
+  *lse = whole;
 }
 
 AttendKernel attend_kernel(const char *want) {

@@ -15,10 +15,11 @@ namespace pkv {
 // The CPU backend's device pointers are host addresses.
 inline uint8_t *host(DevPtr p) { return reinterpret_cast<uint8_t *>(uintptr_t(p)); }
 
-// Which positions one query token sees: those below `end`; with a mask row, of those from
-// `mask_from` on only the ones whose bit (position - mask_from) is set (bit j: byte j / 8, bit j % 8).
+// Which positions one query token (at position end - 1) sees: those in [begin, end) (begin: its
+// window's start); with a mask row, of those from `mask_from` on only the ones whose bit
+// (position - mask_from) is set (bit j: byte j / 8, bit j % 8).
 struct TokenView {
-  uint64_t end;
+  uint64_t begin, end;
   const uint8_t *mask_row; // null: every position below end
   uint64_t mask_from;
 };
@@ -31,7 +32,9 @@ struct AttendScratch {
 };
 
 // Query rows of one KV head against positions [begin, end) of one sequence's pages: the rows'
-// normalised output and log-sum-exp over what each sees there. Rows are query tokens times the
+// normalised output and log-sum-exp over what each sees there, positions below `begin` never read.
+// The scores are scaled, soft-capped and ALiBi-biased as pagedkv.h (section 7a) says; a sink joins
+// once the partial results are whole (add_sink). Rows are query tokens times the
 // KV head's group of query heads: row r is token r / group's head r % group. Decode runs a chunk of
 // a sequence for its query tokens, extend a block of a sequence's new tokens over all it sees.
 struct AttendTask {
@@ -43,6 +46,8 @@ struct AttendTask {
   const float *q;         // [tokens * group][head_dim]
   const TokenView *views; // [tokens]
   float scale;
+  float softcap;       // 0: none
+  const float *slopes; // the ALiBi slopes of the KV head's group of query heads, [group], or null
   float *out; // [tokens * group][head_dim]
   float *lse; // [tokens * group]
   AttendScratch *scratch;
@@ -57,6 +62,10 @@ inline const uint32_t *page_row(const PoolGeometry &g, uint32_t seq_slot) {
 // kv_head's group, as floats [tokens][group][head_dim] into dst.
 void load_queries(const PoolGeometry &g, pkv_format format, const void *q, uint64_t first, uint32_t tokens,
                   uint32_t q_heads, uint32_t kv_head, std::vector<float> &dst);
+
+// Joins a sink logit to a row's softmax (pagedkv.h, section 7a): out ([D]) and *lse, whole over the
+// positions the row sees, become those of the softmax whose denominator also holds e^sink.
+void add_sink(float *out, uint32_t D, float *lse, float sink);
 
 struct AttendKernel {
   void (*run)(const AttendTask &task);

@@ -118,12 +118,17 @@ class CpuBackend final : public Backend {
       const uint32_t h = item % g.kv_heads;
       AttendScratch &sc = scratch_[worker];
       load_queries(g, b.q_format, b.q, uint64_t(c.seq) * b.q_tokens, b.q_tokens, b.q_heads, h, sc.q);
-      // Query token t sees positions below length - q_tokens + t + 1.
+      // Query token t, at position length - q_tokens + t, sees its window up to itself.
       sc.views.resize(b.q_tokens);
-      for (uint32_t t = 0; t < b.q_tokens; t++) sc.views[t] = {uint64_t(b.lengths[c.seq]) - b.q_tokens + t + 1, nullptr, 0};
-      attend_.run({&g, b.layer, h, page_row(g, b.seq_slots[c.seq]), c.token_begin, c.token_end, b.q_tokens, group,
-                   sc.q.data(), sc.views.data(), b.scale, &part_out_[size_t(item) * rows * D],
-                   &part_lse_[size_t(item) * rows], &sc});
+      for (uint32_t t = 0; t < b.q_tokens; t++) {
+        const uint64_t at = uint64_t(b.lengths[c.seq]) - b.q_tokens + t;
+        sc.views[t] = {b.variants.first_seen(at), at + 1, nullptr, 0};
+      }
+      const uint64_t start = b.starts[c.seq]; // the chunk's range counts from the window's start
+      attend_.run({&g, b.layer, h, page_row(g, b.seq_slots[c.seq]), start + c.token_begin, start + c.token_end,
+                   b.q_tokens, group, sc.q.data(), sc.views.data(), b.scale, b.variants.softcap,
+                   b.variants.slopes ? b.variants.slopes + size_t(h) * group : nullptr,
+                   &part_out_[size_t(item) * rows * D], &part_lse_[size_t(item) * rows], &sc});
     });
     workers_.run(b.count, [&](uint32_t s, uint32_t worker) { merge(g, b, part_out_, part_lse_, s, row_[worker]); });
   }
@@ -228,8 +233,8 @@ class CpuBackend final : public Backend {
     return sum;
   }
 
-  // Combines sequence s's chunk partials through their log-sum-exp and writes out and lse. A chunk
-  // a row sees nothing of has lse -inf and weighs nothing.
+  // Combines sequence s's chunk partials through their log-sum-exp, joins the sink once, and writes
+  // out and lse. A chunk a row sees nothing of has lse -inf and weighs nothing.
   static void merge(const PoolGeometry &g, const DecodeBatch &b, const std::vector<float> &part_out,
                     const std::vector<float> &part_lse, uint32_t s, std::vector<float> &row) {
     const uint32_t D = g.head_dim, group = b.q_heads / g.kv_heads, rows = b.q_tokens * group;
@@ -253,9 +258,11 @@ class CpuBackend final : public Backend {
         }
         if (sum > 0.0f)
           for (uint32_t d = 0; d < D; d++) row[d] /= sum;
+        float lse = sum > 0.0f ? top + std::log(sum) : neg_inf;
+        if (b.variants.sinks) add_sink(row.data(), D, &lse, b.variants.sinks[qh]);
         const size_t at = (size_t(s) * b.q_tokens + tok) * b.q_heads + qh;
         store_io(b.out_format, row.data(), D, static_cast<uint8_t *>(b.out) + at * D * out_elem);
-        if (b.lse) b.lse[at] = sum > 0.0f ? top + std::log(sum) : neg_inf;
+        if (b.lse) b.lse[at] = lse;
       }
     }
   }

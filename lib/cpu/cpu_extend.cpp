@@ -31,13 +31,19 @@ void extend_block(const PoolGeometry &g, const ExtendBatch &b, const ExtendBlock
   for (uint32_t i = 0; i < block.tokens; i++) {
     const uint32_t token = block.first + i;
     const uint8_t *row = b.mask ? b.mask + b.mask_offsets[e] + uint64_t(token) * mask_row_bytes : nullptr;
-    scratch.views[i] = {before + token + 1, row, before};
+    scratch.views[i] = {b.variants.first_seen(before + token), before + token + 1, row, before};
   }
   const size_t rows = size_t(block.tokens) * group;
   scratch.out.resize(rows * D);
   scratch.lse.resize(rows);
-  kernel.run({&g, b.layer, kv_head, page_row(g, b.seq_slots[e]), 0, before + block.first + block.tokens, block.tokens,
-              group, scratch.q.data(), scratch.views.data(), b.scale, scratch.out.data(), scratch.lse.data(), &scratch});
+  const float *slopes = b.variants.slopes ? b.variants.slopes + size_t(kv_head) * group : nullptr;
+  // From the block's first token's window start: what the block sees, and no position before.
+  kernel.run({&g, b.layer, kv_head, page_row(g, b.seq_slots[e]), scratch.views[0].begin,
+              before + block.first + block.tokens, block.tokens, group, scratch.q.data(), scratch.views.data(), b.scale,
+              b.variants.softcap, slopes, scratch.out.data(), scratch.lse.data(), &scratch});
+  if (b.variants.sinks)
+    for (size_t r = 0; r < rows; r++)
+      add_sink(&scratch.out[r * D], D, &scratch.lse[r], b.variants.sinks[size_t(kv_head) * group + r % group]);
 
   // A token's heads of this KV head are consecutive rows of out and lse.
   const size_t out_elem = io_elem_bytes(b.out_format);

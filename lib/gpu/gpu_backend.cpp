@@ -210,7 +210,15 @@ class GpuBackend final : public Backend {
     if (a.v) std::memcpy(a.v, rows + align16(row_bytes) - first, size_t(row_bytes));
   }
 
+  // The decode kernels run plain attention only: a batch that asks for a variant is refused first.
+  void refuse_variants(const DecodeBatch &b) const {
+    if (b.variants.any())
+      fail(PKV_ERR_UNSUPPORTED, "the %s backend's decode kernels have no sliding window / soft-capping / sinks / ALiBi "
+           "yet; the CPU backend (PKV_BACKEND=cpu) has them", dev_->name());
+  }
+
   void prepare_decode(const PoolGeometry &g, const DecodeBatch &b) override {
+    refuse_variants(b);
     Current current(rt_);
     put_plan(g, b);
   }
@@ -223,6 +231,7 @@ class GpuBackend final : public Backend {
   // Launches only, once the plan is on the device: nothing here waits for the device, allocates or
   // uploads, so the call can be captured in a graph (checked first, before anything changes).
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {
+    refuse_variants(b);
     Current current(rt_);
     const DecodeConfig &k = *b.config;
     const DecodePlan &plan = *b.plan;

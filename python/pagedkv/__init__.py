@@ -431,6 +431,24 @@ class Pool:
         _call("pkv_read", self._handle(), ctypes.byref(args))
         return k, v
 
+    @staticmethod
+    def _variants(args: Any, q_heads: int, window: int, softcap: float, sinks: Any, alibi_slopes: Any) -> list:
+        """Sets the attention variants' fields of decode or extend args (pagedkv.h, section 7a);
+        returns the float32 arrays they point into, to be kept alive over the call."""
+        import numpy as np
+
+        args.window, args.softcap = window, softcap
+        kept = []
+        for name, values in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
+            if values is None:
+                continue
+            a = np.ascontiguousarray(np.asarray(values, np.float32))
+            if a.shape != (q_heads,):
+                raise ValueError(f"{name} has shape {a.shape}: expected one value per query head, ({q_heads},)")
+            setattr(args, name, a.ctypes.data_as(ctypes.POINTER(_ffi.F32)))
+            kept.append(a)
+        return kept
+
     def _decode_args(self, layer: int, seqs: SequenceT["Sequence"], q: Any, out: Any, lse: Any, scale: float,
                      chunk_pages: int) -> Tuple[Any, _Buffer, _Buffer, Optional[_Buffer]]:
         qb = _buffer(q, "q")
@@ -459,18 +477,23 @@ class Pool:
         return args, qb, ob, lb
 
     def decode(self, layer: int, seqs: SequenceT["Sequence"], q: Any, *, out: Any = None, lse: Any = None,
-               scale: float = 0.0, chunk_pages: int = 0) -> Any:
+               scale: float = 0.0, chunk_pages: int = 0, window: int = 0, softcap: float = 0.0,
+               sinks: Any = None, alibi_slopes: Any = None) -> Any:
         """Attention of q over each sequence's cached tokens for one layer. q is [count, q_heads,
         head_dim], or [count, q_tokens, q_heads, head_dim] with q_tokens 1..8 (query token t of a
         sequence of length L sees positions 0..L - q_tokens + t). Returns out (q's shape and dtype, or
         the array given), or (out, lse) when lse is True or an array (float32, q's shape without
-        head_dim). scale 0 means 1/sqrt(head_dim). A sequence may appear more than once."""
+        head_dim). scale 0 means 1/sqrt(head_dim). A sequence may appear more than once. The
+        variants (pagedkv.h, section 7a; each off at its default): window (positions), softcap, sinks
+        and alibi_slopes (one value per query head each; the CPU backend runs them)."""
         args, _q, ob, lb = self._decode_args(layer, seqs, q, out, lse, scale, chunk_pages)
+        _kept = self._variants(args, args.q_heads, window, softcap, sinks, alibi_slopes)
         _call("pkv_decode", self._handle(), ctypes.byref(args))
         return (ob.array, lb.array) if lb else ob.array
 
     def extend(self, layer: int, seqs: SequenceT["Sequence"], tokens: SequenceT[int], q: Any, *, out: Any = None,
-               lse: Any = None, scale: float = 0.0, masks: Optional[SequenceT[Any]] = None) -> Any:
+               lse: Any = None, scale: float = 0.0, masks: Optional[SequenceT[Any]] = None, window: int = 0,
+               softcap: float = 0.0, sinks: Any = None, alibi_slopes: Any = None) -> Any:
         """Attention of each sequence's newest tokens[b] positions (already appended and written) over
         all it holds, for one layer (pkv_extend): chunked prefill, new tokens after a prefix hit,
         speculative chains and trees. q is [sum(tokens), q_heads, head_dim], sequence b's queries
@@ -479,7 +502,8 @@ class Pool:
         query i sees: itself and none after it), every position before the new tokens and the new
         tokens its row marks. Returns out (q's shape and dtype, or the array given), or (out, lse)
         when lse is True or an array (float32, q's shape without head_dim). A sequence may appear
-        more than once. The CPU backend runs it; the GPU backends raise UnsupportedError."""
+        more than once. The variants are decode's. The CPU backend runs it; the GPU backends raise
+        UnsupportedError."""
         import numpy as np
 
         if len(tokens) != len(seqs):
@@ -506,6 +530,7 @@ class Pool:
                                q_heads=qb.shape[1], q_offsets=offsets, scale=scale, q_format=qb.format,
                                out_format=ob.format, memory=memory, q=qb.ptr, out=ob.ptr,
                                lse=lb.ptr if lb else None)
+        _kept = self._variants(args, qb.shape[1], window, softcap, sinks, alibi_slopes)
         if masks is not None:
             if len(masks) != len(seqs):
                 raise ValueError(f"{len(masks)} masks for {len(seqs)} sequences")
@@ -635,6 +660,11 @@ class Sequence:
     def truncate(self, length: int) -> None:
         """Rolls back to `length` tokens (rejected speculative tokens); whole pages past it are freed."""
         _call("pkv_seq_truncate", self.pool._handle(), self.handle, length)
+
+    def release_before(self, position: int) -> None:
+        """Gives back the pages wholly before `position` (pkv_seq_release_before): positions below it
+        are released, and a decode, extend, read or write that needs one raises InvalidArgumentError."""
+        _call("pkv_seq_release_before", self.pool._handle(), self.handle, position)
 
     def page_spans(self, first_layer: int = 0, layer_count: int = 0) -> List[PageSpan]:
         """Where this sequence's pages lie in the pool's regions (pkv_seq_page_spans), in an image's

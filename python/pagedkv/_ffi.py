@@ -90,7 +90,8 @@ class DecodeArgs(ctypes.Structure):
     _fields_ = [("struct_size", U32), ("layer", U32), ("seqs", ctypes.POINTER(Seq)), ("count", U32),
                 ("q_heads", U32), ("q_tokens", U32), ("scale", F32), ("q_format", ENUM), ("out_format", ENUM),
                 ("memory", ENUM), ("q", ctypes.c_void_p), ("out", ctypes.c_void_p),
-                ("lse", ctypes.c_void_p), ("chunk_pages", U32)]
+                ("lse", ctypes.c_void_p), ("chunk_pages", U32), ("sinks", ctypes.POINTER(F32)),
+                ("alibi_slopes", ctypes.POINTER(F32)), ("window", U32), ("softcap", F32)]
 
 
 class ExtendArgs(ctypes.Structure):
@@ -98,7 +99,8 @@ class ExtendArgs(ctypes.Structure):
                 ("q_heads", U32), ("q_offsets", ctypes.POINTER(U32)), ("scale", F32), ("q_format", ENUM),
                 ("out_format", ENUM), ("memory", ENUM), ("q", ctypes.c_void_p), ("out", ctypes.c_void_p),
                 ("lse", ctypes.c_void_p), ("mask", ctypes.c_void_p), ("mask_offsets", ctypes.POINTER(U64)),
-                ("mask_bytes", U64)]
+                ("mask_bytes", U64), ("sinks", ctypes.POINTER(F32)), ("alibi_slopes", ctypes.POINTER(F32)),
+                ("window", U32), ("softcap", F32)]
 
 
 class PoolStats(ctypes.Structure):
@@ -168,6 +170,7 @@ _SIGNATURES = {
     "pkv_seq_fork": (ENUM, [ctypes.c_void_p, Seq, ctypes.POINTER(Seq)]),
     "pkv_seq_truncate": (ENUM, [ctypes.c_void_p, Seq, U32]),
     "pkv_seq_length": (ENUM, [ctypes.c_void_p, Seq, ctypes.POINTER(U32)]),
+    "pkv_seq_release_before": (ENUM, [ctypes.c_void_p, Seq, U32]),
     "pkv_append": (ENUM, [ctypes.c_void_p, ctypes.POINTER(Seq), ctypes.POINTER(U32), U32]),
     "pkv_write": (ENUM, [ctypes.c_void_p, ctypes.POINTER(WriteArgs)]),
     "pkv_read": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ReadArgs)]),

@@ -269,6 +269,83 @@ def test_errors_carry_status_and_detail():
             ctx.close()
 
 
+def attend_variants(q, keys, values, query, seen, scale, window, softcap, sinks, slopes):
+    """attend_seen for the query at position `query` with the attention variants (pagedkv.h, 7a):
+    scale, soft-cap, ALiBi, the window, then the sink in the denominator."""
+    kv_heads, q_heads = keys.shape[1], q.shape[0]
+    positions = np.arange(len(seen))
+    seen = seen & ~((window > 0) & (positions <= query - window))
+    out, lse = np.zeros(q.shape), np.zeros(q_heads)
+    for h in range(q_heads):
+        kh = h // (q_heads // kv_heads)
+        logits = scale * (keys[seen, kh].astype(np.float64) @ q[h].astype(np.float64))
+        if softcap:
+            logits = softcap * np.tanh(logits / softcap)
+        if slopes is not None:
+            logits -= slopes[h] * (query - positions[seen])
+        m = max(logits.max(), sinks[h] if sinks is not None else -np.inf)
+        w = np.exp(logits - m)
+        z = w.sum() + (np.exp(sinks[h] - m) if sinks is not None else 0.0)
+        out[h] = w @ values[seen, kh].astype(np.float64) / z
+        lse[h] = m + np.log(z)
+    return out, lse
+
+
+@pytest.mark.parametrize("call", ["decode", "extend"])
+def test_variants_match_float64_reference(rng, call):
+    """Window, soft-cap, sinks and ALiBi together, split into many chunks."""
+    kv_heads, group, head_dim, n, t = 2, 2, 32, 45, 5
+    q_heads = kv_heads * group
+    window, softcap = int(rng.integers(1, 20)), float(rng.uniform(1, 10))
+    sinks = rng.uniform(-2, 2, q_heads).astype(np.float32)
+    slopes = rng.uniform(0, 0.3, q_heads).astype(np.float32)
+    with pagedkv.Context(backend="cpu", threads=2) as ctx, \
+            cpu_pool(ctx, kv_heads=kv_heads, head_dim=head_dim, k_format=pagedkv.Format.F32,
+                     v_format=pagedkv.Format.F32) as pool, pool.alloc() as seq:
+        pool.append([seq], [n])
+        k = rng.uniform(-1, 1, (n, kv_heads, head_dim)).astype(np.float32)
+        v = rng.uniform(-1, 1, k.shape).astype(np.float32)
+        pool.write(0, [seq], [n], k, v)
+        variants = dict(window=window, softcap=softcap, sinks=sinks, alibi_slopes=slopes)
+        if call == "decode":
+            q = rng.uniform(-2, 2, (1, t, q_heads, head_dim)).astype(np.float32)
+            out, lse = pool.decode(0, [seq], q, lse=True, chunk_pages=1, **variants)
+            out, lse, q = out[0], lse[0], q[0]
+        else:
+            q = rng.uniform(-2, 2, (t, q_heads, head_dim)).astype(np.float32)
+            out, lse = pool.extend(0, [seq], [t], q, lse=True, **variants)
+        for i in range(t):
+            query = n - t + i
+            ref, ref_lse = attend_variants(q[i], k, v, query, np.arange(n) <= query, 1 / np.sqrt(head_dim), window,
+                                           softcap, sinks.astype(np.float64), slopes.astype(np.float64))
+            err = np.linalg.norm(out[i] - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+            assert err.max() < 1e-5, (i, err.max())
+            np.testing.assert_allclose(lse[i], ref_lse, atol=1e-5)
+        with pytest.raises(ValueError, match="one value per query head"):
+            pool.decode(0, [seq], np.zeros((1, q_heads, head_dim), np.float32), sinks=sinks[:1])
+        with pytest.raises(pagedkv.InvalidArgumentError, match="softcap"):
+            pool.decode(0, [seq], np.zeros((1, q_heads, head_dim), np.float32), softcap=-1.0)
+
+
+def test_release_before(rng):
+    """Pages before a window go back; the windowed decode still runs; what needs them is refused."""
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx, page_size=4, pages=16) as pool, pool.alloc() as seq:
+        pool.append([seq], [30])
+        pool.write(0, [seq], [30], rng.standard_normal((30, 2, 32)), rng.standard_normal((30, 2, 32)))
+        q = rng.standard_normal((1, 2, 32)).astype(np.float32)
+        before = pool.decode(0, [seq], q, window=8)
+        free = pool.stats().pages_free
+        seq.release_before(22)  # positions 22..29 are the window of the query at 29
+        assert pool.stats().pages_free == free + 5 and len(seq) == 30
+        np.testing.assert_array_equal(pool.decode(0, [seq], q, window=8), before)
+        with pytest.raises(pagedkv.InvalidArgumentError, match="position 0"):
+            pool.decode(0, [seq], q)
+        with pytest.raises(pagedkv.InvalidArgumentError, match="position 21"):
+            pool.read(0, seq, 21, 2)
+        with pytest.raises(pagedkv.InvalidArgumentError, match="past the sequence's length"):
+            seq.release_before(31)
+
+
 def test_fork_truncate_and_context_managers(rng):
     with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx, page_size=4, pages=16) as pool:
         with pool.alloc() as parent:

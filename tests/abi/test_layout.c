@@ -58,12 +58,14 @@ static const struct fact facts[] = {
     AT(pkv_read_args, start, 16), AT(pkv_read_args, count, 20), AT(pkv_read_args, dst_format, 24),
     AT(pkv_read_args, memory, 28), AT(pkv_read_args, k, 32), AT(pkv_read_args, v, 40),
 
-    SIZE(pkv_decode_args, 80), ALIGN(pkv_decode_args, 8),
+    SIZE(pkv_decode_args, 104), ALIGN(pkv_decode_args, 8),
     AT(pkv_decode_args, struct_size, 0), AT(pkv_decode_args, layer, 4), AT(pkv_decode_args, seqs, 8),
     AT(pkv_decode_args, count, 16), AT(pkv_decode_args, q_heads, 20), AT(pkv_decode_args, q_tokens, 24),
     AT(pkv_decode_args, scale, 28), AT(pkv_decode_args, q_format, 32), AT(pkv_decode_args, out_format, 36),
     AT(pkv_decode_args, memory, 40), AT(pkv_decode_args, q, 48), AT(pkv_decode_args, out, 56),
     AT(pkv_decode_args, lse, 64), AT(pkv_decode_args, chunk_pages, 72),
+    AT(pkv_decode_args, sinks, 80), AT(pkv_decode_args, alibi_slopes, 88), AT(pkv_decode_args, window, 96),
+    AT(pkv_decode_args, softcap, 100),
 
     SIZE(pkv_pool_stats, 56), ALIGN(pkv_pool_stats, 8),
     AT(pkv_pool_stats, struct_size, 0), AT(pkv_pool_stats, pages_total, 4), AT(pkv_pool_stats, pages_free, 8),
@@ -87,16 +89,17 @@ static const struct fact facts[] = {
     AT(pkv_page_span, region, 0), AT(pkv_page_span, layer, 4), AT(pkv_page_span, index, 8),
     AT(pkv_page_span, part, 12), AT(pkv_page_span, offset, 16), AT(pkv_page_span, bytes, 24),
 
-    SIZE(pkv_extend_args, 96), ALIGN(pkv_extend_args, 8),
+    SIZE(pkv_extend_args, 120), ALIGN(pkv_extend_args, 8),
     AT(pkv_extend_args, struct_size, 0), AT(pkv_extend_args, layer, 4), AT(pkv_extend_args, seqs, 8),
     AT(pkv_extend_args, count, 16), AT(pkv_extend_args, q_heads, 20), AT(pkv_extend_args, q_offsets, 24),
     AT(pkv_extend_args, scale, 32), AT(pkv_extend_args, q_format, 36), AT(pkv_extend_args, out_format, 40),
     AT(pkv_extend_args, memory, 44), AT(pkv_extend_args, q, 48), AT(pkv_extend_args, out, 56),
     AT(pkv_extend_args, lse, 64), AT(pkv_extend_args, mask, 72), AT(pkv_extend_args, mask_offsets, 80),
-    AT(pkv_extend_args, mask_bytes, 88),
+    AT(pkv_extend_args, mask_bytes, 88), AT(pkv_extend_args, sinks, 96), AT(pkv_extend_args, alibi_slopes, 104),
+    AT(pkv_extend_args, window, 112), AT(pkv_extend_args, softcap, 116),
 
-    /* the function table: version 1, then versions 2, 3 and 4 */
-    SIZE(pkv_api, 8 + 8 * 34), ALIGN(pkv_api, 8),
+    /* the function table: version 1, then versions 2, 3, 4 and 5 */
+    SIZE(pkv_api, 8 + 8 * 35), ALIGN(pkv_api, 8),
     AT(pkv_api, struct_size, 0), AT(pkv_api, api_version, 4),
     API(version, 0), API(version_string, 1), API(status_string, 2), API(last_error, 3), API(backend_name, 4),
     API(format_name, 5), API(context_create, 6), API(context_destroy, 7), API(context_backend, 8),
@@ -105,7 +108,7 @@ static const struct fact facts[] = {
     API(seq_length, 18), API(append, 19), API(write, 20), API(read, 21), API(decode, 22),
     API(pool_get_stats, 23), API(convert_from_f32, 24), API(convert_to_f32, 25), API(format_row_bytes, 26),
     API(decode_prepare, 27), API(seq_export_size, 28), API(seq_export, 29), API(seq_import, 30),
-    API(pool_regions, 31), API(seq_page_spans, 32), API(extend, 33),
+    API(pool_regions, 31), API(seq_page_spans, 32), API(extend, 33), API(seq_release_before, 34),
 };
 
 int main(void) {

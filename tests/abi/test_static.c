@@ -56,6 +56,7 @@ static void table_holds_the_functions(void **state) {
   assert_ptr_equal(t->pool_regions, pkv_pool_regions);
   assert_ptr_equal(t->seq_page_spans, pkv_seq_page_spans);
   assert_ptr_equal(t->extend, pkv_extend);
+  assert_ptr_equal(t->seq_release_before, pkv_seq_release_before);
   /* the same table for every version asked for */
   const pkv_api *again = NULL;
   assert_int_equal(pkv_get_api(1, &again), PKV_OK);

@@ -597,6 +597,35 @@ DECODE(decode_memory_unknown, a.memory = (pkv_memory)5)
 DECODE(decode_memory_negative, a.memory = (pkv_memory)-1)
 DECODE(decode_count_0_null, a.seqs = NULL; a.q = NULL; a.out = NULL; a.lse = NULL; a.count = 0)
 
+/* The attention variants (pagedkv.h, section 7a), decode's and extend's alike */
+static const float nan_at_1[Q_HEADS] = {0.5f, NAN}, inf_at_1[Q_HEADS] = {0.5f, INFINITY};
+static const float negative_at_1[Q_HEADS] = {0.5f, -0.25f}, sinks_ok[Q_HEADS] = {-2.0f, 0.0f, 3.0f, 1e30f};
+static const float slopes_ok[Q_HEADS] = {0.0f, 0.125f, 0.5f, 1.0f};
+DECODE(decode_softcap_negative, a.softcap = -1.0f)
+DECODE(decode_softcap_nan, a.softcap = NAN)
+DECODE(decode_softcap_inf, a.softcap = INFINITY)
+DECODE(decode_sinks_nan, a.sinks = nan_at_1)
+DECODE(decode_sinks_inf, a.sinks = inf_at_1)
+DECODE(decode_slopes_negative, a.alibi_slopes = negative_at_1)
+DECODE(decode_slopes_nan, a.alibi_slopes = nan_at_1)
+DECODE(decode_slopes_inf, a.alibi_slopes = inf_at_1)
+/* Accepted: any window, negative sinks, every variant at once. */
+DECODE(decode_variants_all, a.window = 1; a.softcap = 30.0f; a.sinks = sinks_ok; a.alibi_slopes = slopes_ok)
+DECODE(decode_window_max, a.window = UINT32_MAX)
+PREPARE(prepare_softcap_nan, a.softcap = NAN)
+EXTEND(extend_softcap_negative, a.softcap = -0.5f)
+EXTEND(extend_sinks_nan, a.sinks = nan_at_1)
+EXTEND(extend_slopes_negative, a.alibi_slopes = negative_at_1)
+EXTEND(extend_variants_all, a.window = 2; a.softcap = 5.0f; a.sinks = sinks_ok; a.alibi_slopes = slopes_ok)
+
+/* Releasing the positions before a point */
+CALL(release_pool_null, return pkv_seq_release_before(NULL, f->a, 1))
+CALL(release_zero, pkv_seq z = {0}; return pkv_seq_release_before(f->pool, z, 1))
+CALL(release_freed, return pkv_seq_release_before(f->pool, f->freed, 1))
+CALL(release_other_pool, return pkv_seq_release_before(f->pool, f->other, 1))
+CALL(release_past_length, return pkv_seq_release_before(f->pool, f->a, 7)) /* a holds 6 */
+CALL(release_at_0, return pkv_seq_release_before(f->pool, f->a, 0))        /* releases nothing */
+
 /* Extend: the attention checks decode makes, then the offsets, the rows' total and the mask */
 CALL(extend_pool_null, pkv_extend_args a = good_extend(f); return pkv_extend(NULL, &a))
 CALL(extend_args_null, return pkv_extend(f->pool, NULL))
@@ -668,8 +697,8 @@ CALL(get_api_out_null, return pkv_get_api(PKV_API_VERSION, NULL))
 #define BAD(fn, expect) {#fn, fn, 0, expect, PKV_OK, 0}
 #define BAD2(fn, expect, also) {#fn, fn, 0, expect, also, 0}
 #define OK(fn) {#fn, fn, 0, PKV_OK, PKV_OK, 0}
-/* A valid extend: accepted by the CPU backend (valid_calls_succeed insists there), refused by a
- * backend without extend. */
+/* A valid extend, or a decode with attention variants: accepted by the CPU backend (valid_calls_succeed
+ * insists on the extend there), refused by a backend without them. */
 #define NO_EXTEND_OR_OK(fn) {#fn, fn, 0, PKV_OK, PKV_ERR_UNSUPPORTED, 0}
 #define SIZES(fn, larger_mutates)                                                                     \
   {#fn " 0", fn, SZ_ZERO, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},                                           \
@@ -836,6 +865,27 @@ static const bad_case cases[] = {
     BAD(decode_memory_unknown, INVALID),
     BAD(decode_memory_negative, INVALID),
     OK(decode_count_0_null),
+    BAD(decode_softcap_negative, INVALID),
+    BAD(decode_softcap_nan, INVALID),
+    BAD(decode_softcap_inf, INVALID),
+    BAD(decode_sinks_nan, INVALID),
+    BAD(decode_sinks_inf, INVALID),
+    BAD(decode_slopes_negative, INVALID),
+    BAD(decode_slopes_nan, INVALID),
+    BAD(decode_slopes_inf, INVALID),
+    NO_EXTEND_OR_OK(decode_variants_all),
+    NO_EXTEND_OR_OK(decode_window_max),
+    BAD(prepare_softcap_nan, INVALID),
+    BAD(extend_softcap_negative, INVALID),
+    BAD(extend_sinks_nan, INVALID),
+    BAD(extend_slopes_negative, INVALID),
+    NO_EXTEND_OR_OK(extend_variants_all),
+    BAD(release_pool_null, INVALID),
+    BAD(release_zero, STALE),
+    BAD(release_freed, STALE),
+    BAD(release_other_pool, STALE),
+    BAD(release_past_length, INVALID),
+    OK(release_at_0),
 
     BAD(extend_pool_null, INVALID),
     BAD(extend_args_null, INVALID),

@@ -10,7 +10,9 @@
  * two such pool pairs of different shapes on the same contexts, their calls interleaved, so that a
  * backend's per-context buffers serve pools of different geometries in turn. Every decode's out and lse
  * are poisoned with NaN first and compared, on both pools, with the float64 oracle of the values the
- * test wrote; errors are measured relative to max(|ref|, sum_t p_t |v_t|).
+ * test wrote; errors are measured relative to max(|ref|, sum_t p_t |v_t|). Where the backend under
+ * test is the CPU too, a third of the decodes ask for attention variants (a window, a soft-cap, sinks,
+ * small ALiBi slopes; pagedkv.h, section 7a), which the GPU backends do not run.
  *
  * PKV_TEST_SEED fixes the seed; PKV_DIFF_SCENARIOS (default 150) and PKV_DIFF_SECONDS (default 60:
  * no new scenario starts after that) bound the run; PKV_DIFF_SCENARIO=k runs scenario k of the seed
@@ -282,11 +284,17 @@ static pkv_status op_append(scenario *s, world *w, const uint32_t *idx, const ui
  * Decode and its check
  * ------------------------------------------------------------------------------------------------- */
 
+enum { MAX_VARIANT_HEADS = 64 };
+
 typedef struct decode_call {
   uint32_t layer, count, q_tokens, q_heads, chunk_pages;
   uint32_t idx[MAX_SEQS];
   pkv_format q_format, out_format;
   int with_lse;
+  uint32_t window; /* the attention variants, each off at zero */
+  float softcap;
+  int has_sinks, has_slopes;
+  float sinks[MAX_VARIANT_HEADS], slopes[MAX_VARIANT_HEADS];
 } decode_call;
 
 /* The GPU tensor-core decode (docs/testing.md) carries each token's softmax weight P_t into the P V
@@ -343,7 +351,10 @@ static void check_side(scenario *s, world *w, const decode_call *c, const char *
         const size_t kv = copy_at(w, sc, c->layer, 0) + (size_t)(h / w->group) * D;
         const float *keys = visible ? sc->k + kv : NULL, *values = visible ? sc->v + kv : NULL;
         double ref_lse;
-        oracle_attend(qd, keys, values, w->row, visible, D, scale, ref, mag, &ref_lse);
+        const oracle_variants ov = {c->window, c->softcap, c->has_slopes ? c->slopes[h] : 0.0, c->has_sinks,
+                                    c->has_sinks ? c->sinks[h] : 0.0};
+        oracle_attend_variants(qd, keys, values, w->row, visible, NULL, visible ? visible - 1 : 0, &ov, D, scale, ref,
+                               mag, &ref_lse);
         if (gpu) f16_weight_slack(w, qd, keys, values, visible, scale, slack);
         else memset(slack, 0, D * sizeof *slack);
         double size = 0.0, err = 0.0;
@@ -362,7 +373,7 @@ static void check_side(scenario *s, world *w, const decode_call *c, const char *
           failure(s, "%s: decode layer %u, batch position %u (#%u, length %u), token %u, head %u: output error %.3g > %.3g "
                   "(ref[0] %.6g, got[0] %.6g, size %.3g)", who, c->layer, b, c->idx[b], sc->len, t, h, err, bound, ref[0],
                   (double)tu_load(c->out_format, out, o), size);
-        else if (lse && !(visible ? fabs((double)lse[row] - ref_lse) <= tol.lse_abs * widen : isinf(lse[row]) && lse[row] < 0))
+        else if (lse && !(isinf(ref_lse) ? isinf(lse[row]) && lse[row] < 0 : fabs((double)lse[row] - ref_lse) <= tol.lse_abs * widen))
           failure(s, "%s: decode layer %u, batch position %u (#%u, length %u), token %u, head %u: lse %.9g, expected %.9g",
                   who, c->layer, b, c->idx[b], sc->len, t, h, (double)lse[row], ref_lse);
         *worst = fmax(*worst, err / bound);
@@ -385,6 +396,10 @@ static pkv_status run_decode(const world *w, const side *d, const decode_call *c
   a.q_format = c->q_format;
   a.out_format = c->out_format;
   a.chunk_pages = c->chunk_pages;
+  a.window = c->window;
+  a.softcap = c->softcap;
+  a.sinks = c->has_sinks ? c->sinks : NULL;
+  a.alibi_slopes = c->has_slopes ? c->slopes : NULL;
   return pkv_decode(d->pool, &a);
 }
 
@@ -399,6 +414,17 @@ static void draw_call_args(scenario *s, world *w, decode_call *c) {
   c->q_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
   c->out_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
   c->with_lse = tu_below(&s->rng, 4) != 0;
+  if (!g_target_is_cpu || c->q_heads > MAX_VARIANT_HEADS || tu_below(&s->rng, 3) != 0) return;
+  /* Each variant half the time; slopes small enough that the bias over thousands of positions stays
+   * within float32's precision at the oracle's tolerance. */
+  if (tu_below(&s->rng, 2)) c->window = 1 + tu_below(&s->rng, 4 * w->desc.page_size + 64);
+  if (tu_below(&s->rng, 2)) c->softcap = (float)tu_uniform(&s->rng, 1.0, 50.0);
+  c->has_sinks = (int)tu_below(&s->rng, 2);
+  c->has_slopes = (int)tu_below(&s->rng, 2);
+  for (uint32_t h = 0; h < c->q_heads; h++) {
+    c->sinks[h] = (float)tu_uniform(&s->rng, -4.0, 4.0);
+    c->slopes[h] = (float)tu_uniform(&s->rng, 0.0, 0.01);
+  }
 }
 
 /* A decode of a random part of the batch with random arguments; in a quarter of them sequences are
@@ -446,8 +472,9 @@ static void op_step(scenario *s, world *w, double *worst) {
 /* Decodes the call on both pools and checks both. */
 static void decode(scenario *s, world *w, const decode_call *call, double *worst) {
   const decode_call c = *call;
-  note(s, "    decode layer %u T=%u q=%s out=%s chunk_pages %u lse %d:", c.layer, c.q_tokens, pkv_format_name(c.q_format),
-       pkv_format_name(c.out_format), c.chunk_pages, c.with_lse);
+  note(s, "    decode layer %u T=%u q=%s out=%s chunk_pages %u lse %d window %u softcap %g sinks %d alibi %d:", c.layer,
+       c.q_tokens, pkv_format_name(c.q_format), pkv_format_name(c.out_format), c.chunk_pages, c.with_lse, c.window,
+       (double)c.softcap, c.has_sinks, c.has_slopes);
   for (uint32_t b = 0; b < c.count; b++) note(s, " #%u(%u)", c.idx[b], w->seqs[c.idx[b]].len);
   note(s, "\n");
 

@@ -72,6 +72,7 @@ struct World {
   pkv_seq new_seq{};
   std::vector<float> k, v; // a scenario's input rows or q
   std::vector<uint8_t> out;
+  uint32_t a_from = 0; // a's rows read back from here on (a scenario releases those before)
 };
 
 pkv_pool_desc pool_desc() {
@@ -193,9 +194,10 @@ Snapshot snapshot(World &w, bool with_out) {
     if (pkv_seq_length(w.pool, q, &n) != PKV_OK) n = UINT32_MAX;
     s.lengths.push_back(n);
     if (n == UINT32_MAX || n == 0 || g_target == Target::fake) continue;
+    const uint32_t from = q.id == w.a.id ? w.a_from : 0;
     for (uint32_t layer = 0; layer < kLayers; layer++) {
-      std::vector<uint16_t> k(size_t(n) * kRow), v(size_t(n) * kRow);
-      const pkv_read_args r = pu_read_args(layer, q, 0, n, PKV_FORMAT_F16, k.data(), v.data());
+      std::vector<uint16_t> k(size_t(n - from) * kRow), v(size_t(n - from) * kRow);
+      const pkv_read_args r = pu_read_args(layer, q, from, n - from, PKV_FORMAT_F16, k.data(), v.data());
       ok(pkv_read(w.pool, &r), "read");
       s.kv.insert(s.kv.end(), k.begin(), k.end());
       s.kv.insert(s.kv.end(), v.begin(), v.end());
@@ -209,12 +211,22 @@ Snapshot snapshot(World &w, bool with_out) {
   return s;
 }
 
-pkv_status decode(World &w, bool launch) {
+// Every attention variant at once (the CPU backend's; the GPU backends refuse them).
+template <class Args> void set_variants(Args &a) {
+  static const float sinks[kQHeads] = {0.5f, -1.0f, 2.0f, 0.0f}, slopes[kQHeads] = {0.5f, 0.25f, 0.125f, 0.0f};
+  a.window = 3;
+  a.softcap = 2.0f;
+  a.sinks = sinks;
+  a.alibi_slopes = slopes;
+}
+
+pkv_status decode(World &w, bool launch, bool variants = false) {
   const pkv_seq batch[4] = {w.a, w.fork, w.unwritten, w.empty};
   pkv_decode_args a = pu_decode_args(0, batch, 4, kQHeads, w.k.data(), w.out.data(),
                                      reinterpret_cast<float *>(w.out.data()) + 4 * kQTokens * kQHeads * kHeadDim);
   a.q_tokens = kQTokens;
   a.chunk_pages = 1; // split: the chunks' partials and their merge
+  if (variants) set_variants(a);
   return launch ? pkv_decode(w.pool, &a) : pkv_decode_prepare(w.pool, &a);
 }
 
@@ -223,7 +235,7 @@ pkv_status decode(World &w, bool launch) {
 constexpr uint32_t kExtendQueries = 6;
 constexpr size_t kExtendOut = kExtendQueries * kQHeads * (kHeadDim + 1) * sizeof(float);
 
-pkv_status extend(World &w) {
+pkv_status extend(World &w, bool variants) {
   static const uint32_t offsets[5] = {0, 3, 5, 6, 6};
   static const uint8_t mask[6] = {1, 3, 4, 1, 3, 1};
   static const uint64_t mask_offsets[4] = {0, 3, 5, 6};
@@ -240,6 +252,7 @@ pkv_status extend(World &w) {
   a.mask = mask;
   a.mask_offsets = mask_offsets;
   a.mask_bytes = sizeof mask;
+  if (variants) set_variants(a);
   return pkv_extend(w.pool, &a);
 }
 
@@ -356,7 +369,13 @@ const Scenario kScenarios[] = {
     {"decode", kDecodeOut, queries, [](World &w) { return decode(w, true); }, true, Reach::device},
     {"decode_prepare", kDecodeOut, queries, [](World &w) { return decode(w, false); }, true, Reach::device},
     // The GPU backends have no extend: through the API on the CPU only.
-    {"extend", kExtendOut, queries, extend, true, Reach::api},
+    {"extend", kExtendOut, queries, [](World &w) { return extend(w, false); }, true, Reach::api},
+    // Nor attention variants.
+    {"decode_variants", kDecodeOut, queries, [](World &w) { return decode(w, true, true); }, true, Reach::api},
+    {"extend_variants", kExtendOut, queries, [](World &w) { return extend(w, true); }, true, Reach::api},
+    // a's first two pages (of 4 tokens), shared with the fork: only dereferenced.
+    {"seq_release_before", 0, [](World &w) { w.a_from = 9; }, [](World &w) {
+       return pkv_seq_release_before(w.pool, w.a, 9); }, true, Reach::device},
     {"seq_export_size", 8, nullptr, [](World &w) {
        const pkv_export_args a = export_of(w, nullptr);
        uint64_t n = 0;

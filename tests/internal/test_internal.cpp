@@ -54,8 +54,8 @@ void chunk_ending_near_2_to_the_32(const char *variant) {
   std::vector<float> q(head_dim, 0.5f), out(head_dim, NAN);
   float lse = NAN;
   AttendScratch scratch;
-  const TokenView view{length, nullptr, 0};
-  const AttendTask task{&g, 0, 0, table.data(), length - tokens, length, 1, 1, q.data(), &view, 1.0f,
+  const TokenView view{0, length, nullptr, 0};
+  const AttendTask task{&g, 0, 0, table.data(), length - tokens, length, 1, 1, q.data(), &view, 1.0f, 0.0f, nullptr,
                         out.data(), &lse, &scratch};
   const AttendKernel kernel = attend_kernel(variant);
   assert_non_null(kernel.run);

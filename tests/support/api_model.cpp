@@ -26,10 +26,13 @@ struct Bytes {
   }
 };
 
+constexpr uint32_t kReleased = UINT32_MAX;
+
 struct MSeq {
   pkv_seq h;
   uint32_t len = 0;
-  std::vector<uint32_t> pages;  // model page ids
+  uint32_t released = 0;        // positions below it were released (pkv_seq_release_before)
+  std::vector<uint32_t> pages;  // model page ids, kReleased where released
   std::vector<int32_t> rows;    // [position * layers + layer]: the value written, or 0 if unknown
 };
 
@@ -66,7 +69,7 @@ class Model {
   // One call and the checks after it.
   void step(uint32_t call) {
     call_ = call;
-    switch (in_.next(10)) {
+    switch (in_.next(11)) {
     case 0: alloc(); break;
     case 1: free_one(); break;
     case 2: fork(); break;
@@ -76,6 +79,7 @@ class Model {
     case 6: read(); break;
     case 7: decode(); break;
     case 8: swap(); break;
+    case 9: release_before(); break;
     default: bad_call(); break;
     }
     check_state();
@@ -108,7 +112,7 @@ class Model {
   }
   void drop_pages(MSeq &s, uint32_t keep) {
     while (s.pages.size() > keep) {
-      ref_[s.pages.back()]--;
+      if (s.pages.back() != kReleased) ref_[s.pages.back()]--;
       s.pages.pop_back();
     }
   }
@@ -155,7 +159,8 @@ class Model {
     if (st != PKV_OK) return;
     MSeq c = *s;
     c.h = child;
-    for (uint32_t p : c.pages) ref_[p]++;
+    for (uint32_t p : c.pages)
+      if (p != kReleased) ref_[p]++;
     live_.push_back(c);
   }
 
@@ -163,28 +168,48 @@ class Model {
     const pkv_seq h = pick();
     MSeq *s = find(h);
     const uint32_t n = in_.next(s ? s->len + 2 : 8);
-    expect(pkv_seq_truncate(pool_, h, n), !s ? PKV_ERR_STALE_HANDLE : n <= s->len ? PKV_OK : PKV_ERR_INVALID_ARGUMENT,
+    const bool fits = s && n <= s->len && n >= s->released;
+    expect(pkv_seq_truncate(pool_, h, n), !s ? PKV_ERR_STALE_HANDLE : fits ? PKV_OK : PKV_ERR_INVALID_ARGUMENT,
            "truncate");
-    if (!s || n > s->len) return;
+    if (!fits) return;
     drop_pages(*s, pages_for(n));
     s->len = n;
     s->rows.resize(size_t(n) * d_.layers);
   }
 
+  // Releases the positions before a point: whole pages go, a shared one only loses this holder.
+  void release_before() {
+    const pkv_seq h = pick();
+    MSeq *s = find(h);
+    const uint32_t position = in_.next(s ? s->len + 2 : 8);
+    const bool fits = s && position <= s->len;
+    expect(pkv_seq_release_before(pool_, h, position), !s ? PKV_ERR_STALE_HANDLE : fits ? PKV_OK : PKV_ERR_INVALID_ARGUMENT,
+           "release_before");
+    if (!fits) return;
+    for (uint32_t i = 0; i < position / d_.page_size; i++)
+      if (s->pages[i] != kReleased) {
+        ref_[s->pages[i]]--;
+        s->pages[i] = kReleased;
+      }
+    s->released = std::max(s->released, position);
+  }
+
   // Export, free, import: the rows come back in fresh pages under a new handle. Sometimes an image
-  // corrupted in one payload byte is imported first, which must fail and change nothing.
+  // corrupted in one payload byte is imported first, which must fail and change nothing. A sequence
+  // with released positions has no image.
   void swap() {
     const pkv_seq h = pick();
     MSeq *s = find(h);
     pkv_export_args e = PKV_EXPORT_ARGS_INIT;
     e.seq = h;
     uint64_t bytes = 0;
-    expect(pkv_seq_export_size(pool_, &e, &bytes), s ? PKV_OK : PKV_ERR_STALE_HANDLE, "export_size");
-    std::vector<uint8_t> image(s ? bytes : 256);
+    const pkv_status want = !s ? PKV_ERR_STALE_HANDLE : s->released ? PKV_ERR_UNSUPPORTED : PKV_OK;
+    expect(pkv_seq_export_size(pool_, &e, &bytes), want, "export_size");
+    std::vector<uint8_t> image(want == PKV_OK ? bytes : 256);
     e.image = image.data();
     e.image_bytes = image.size();
-    expect(pkv_seq_export(pool_, &e), s ? PKV_OK : PKV_ERR_STALE_HANDLE, "export");
-    if (!s) return;
+    expect(pkv_seq_export(pool_, &e), want, "export");
+    if (want != PKV_OK) return;
     MSeq back = *s;
     free_one_of(h);
     pkv_import_args in = PKV_IMPORT_ARGS_INIT;
@@ -271,7 +296,7 @@ class Model {
         const MSeq &s = *b.s[i];
         if (b.n[i] > s.len) want = PKV_ERR_INVALID_ARGUMENT;
         for (uint32_t pos = s.len - std::min(b.n[i], s.len); pos < s.len; pos++)
-          if (ref_[s.pages[pos / d_.page_size]] > 1) want = PKV_ERR_INVALID_ARGUMENT;
+          if (pos < s.released || ref_[s.pages[pos / d_.page_size]] > 1) want = PKV_ERR_INVALID_ARGUMENT;
         total += b.n[i];
       }
     // Row r's K elements are all one small integer (exact in every float format), V's its negative.
@@ -299,22 +324,29 @@ class Model {
     const uint32_t layer = in_.next(d_.layers), start = in_.next(s ? s->len + 1 : 4), count = in_.next(s ? s->len + 2 : 4);
     std::vector<float> k(std::max<size_t>(count, 1) * row_), v(k.size());
     const pkv_read_args a = pu_read_args(layer, h, start, count, PKV_FORMAT_F32, k.data(), v.data());
-    const pkv_status want = !s ? PKV_ERR_STALE_HANDLE : uint64_t(start) + count <= s->len ? PKV_OK : PKV_ERR_INVALID_ARGUMENT;
+    const bool held = s && uint64_t(start) + count <= s->len && (count == 0 || start >= s->released);
+    const pkv_status want = !s ? PKV_ERR_STALE_HANDLE : held ? PKV_OK : PKV_ERR_INVALID_ARGUMENT;
     expect(pkv_read(pool_, &a), want, "read");
   }
 
   void decode() {
     Batch b = batch(1);
     const uint32_t q_tokens = 1 + in_.next(2), q_heads = d_.kv_heads * (1 + in_.next(3));
+    // Half the decodes windowed (a window of 1 to 2 pages): the first query sees from first_seen on.
+    const uint32_t window = in_.next(2) ? 1 + in_.next(2 * d_.page_size) : 0;
     pkv_status want = b.stale ? PKV_ERR_STALE_HANDLE : PKV_OK;
     if (!b.stale)
-      for (uint32_t i = 0; i < b.count; i++)
-        if (b.s[i]->len != 0 && b.s[i]->len < q_tokens) want = PKV_ERR_INVALID_ARGUMENT;
+      for (uint32_t i = 0; i < b.count; i++) {
+        const uint32_t len = b.s[i]->len, first = len - q_tokens;
+        const uint32_t first_seen = window && first + 1 > window ? first + 1 - window : 0;
+        if (len != 0 && (len < q_tokens || first_seen < b.s[i]->released)) want = PKV_ERR_INVALID_ARGUMENT;
+      }
     const size_t rows = size_t(b.count) * q_tokens * q_heads;
     std::vector<float> q(rows * d_.head_dim, 0.25f), out(rows * d_.head_dim, NAN), lse(rows, NAN);
     pkv_decode_args a = pu_decode_args(0, b.h, b.count, q_heads, q.data(), out.data(), lse.data());
     a.q_tokens = q_tokens;
     a.chunk_pages = in_.next(3);
+    a.window = window;
     expect(pkv_decode(pool_, &a), want, "decode");
     if (want != PKV_OK) return;
     for (uint32_t i = 0; i < b.count; i++)
@@ -369,11 +401,14 @@ class Model {
       if (pkv_seq_length(pool_, s.h, &n) != PKV_OK || n != s.len)
         test_failure("call %u: a sequence's length is %u, the model's %u (%s)", call_, n, s.len, pkv_last_error());
       if (s.len == 0) continue;
+      if (s.len == s.released) continue;
       std::vector<float> k(size_t(s.len) * row_), v(k.size());
       for (uint32_t layer = 0; layer < d_.layers; layer++) {
-        const pkv_read_args a = pu_read_args(layer, s.h, 0, s.len, PKV_FORMAT_F32, k.data(), v.data());
+        // Read into place: row pos at pos * row_, the released ones left out.
+        const pkv_read_args a = pu_read_args(layer, s.h, s.released, s.len - s.released, PKV_FORMAT_F32,
+                                             k.data() + size_t(s.released) * row_, v.data() + size_t(s.released) * row_);
         if (pkv_read(pool_, &a) != PKV_OK) test_failure("call %u: read: %s", call_, pkv_last_error());
-        for (uint32_t pos = 0; pos < s.len; pos++) {
+        for (uint32_t pos = s.released; pos < s.len; pos++) {
           const int32_t want = s.rows[size_t(pos) * d_.layers + layer];
           if (!want) continue;
           for (size_t e = 0; e < row_; e++)

@@ -10,16 +10,27 @@ void oracle_attend(const double *q, const float *k, const float *v, size_t strid
 
 void oracle_attend_seen(const double *q, const float *k, const float *v, size_t stride, uint32_t n,
                         const uint8_t *seen, uint32_t head_dim, double scale, double *out, double *mag, double *lse) {
+  oracle_attend_variants(q, k, v, stride, n, seen, n ? n - 1 : 0, NULL, head_dim, scale, out, mag, lse);
+}
+
+void oracle_attend_variants(const double *q, const float *k, const float *v, size_t stride, uint32_t n,
+                            const uint8_t *seen, uint32_t query, const oracle_variants *var, uint32_t head_dim,
+                            double scale, double *out, double *mag, double *lse) {
+  const oracle_variants none = {0, 0.0, 0.0, 0, 0.0};
+  if (!var) var = &none;
   for (uint32_t d = 0; d < head_dim; d++) out[d] = mag[d] = 0.0;
-  *lse = -INFINITY;
-  if (n == 0) return;
-  double *logit = malloc(n * sizeof *logit), z = 0.0, mx = -INFINITY;
-  if (!logit) abort();
+  double *logit = malloc((n ? n : 1) * sizeof *logit), z = 0.0, mx = var->has_sink ? var->sink : -INFINITY;
+  uint8_t *use = malloc(n ? n : 1);
+  if (!logit || !use) abort();
   oracle_logits(q, k, stride, n, head_dim, scale, logit);
-  for (uint32_t t = 0; t < n; t++)
-    if (!seen || seen[t]) mx = fmax(mx, logit[t]);
+  for (uint32_t t = 0; t < n; t++) {
+    if (var->softcap > 0.0) logit[t] = var->softcap * tanh(logit[t] / var->softcap);
+    logit[t] -= var->slope * ((double)query - t);
+    use[t] = (!seen || seen[t]) && !(var->window && (uint64_t)t + var->window <= query);
+    if (use[t]) mx = fmax(mx, logit[t]);
+  }
   for (uint32_t t = 0; t < n && mx > -INFINITY; t++) {
-    if (seen && !seen[t]) continue;
+    if (!use[t]) continue;
     const double p = exp(logit[t] - mx);
     z += p;
     for (uint32_t d = 0; d < head_dim; d++) {
@@ -27,11 +38,15 @@ void oracle_attend_seen(const double *q, const float *k, const float *v, size_t 
       mag[d] += p * fabs((double)v[t * stride + d]);
     }
   }
+  if (var->has_sink) z += exp(var->sink - mx);
   if (z > 0.0) {
     for (uint32_t d = 0; d < head_dim; d++) out[d] /= z, mag[d] /= z;
     *lse = mx + log(z);
+  } else {
+    *lse = -INFINITY;
   }
   free(logit);
+  free(use);
 }
 
 double oracle_logits(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim, double scale,

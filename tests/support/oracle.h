@@ -21,6 +21,23 @@ void oracle_attend(const double *q, const float *k, const float *v, size_t strid
 void oracle_attend_seen(const double *q, const float *k, const float *v, size_t stride, uint32_t n,
                         const uint8_t *seen, uint32_t head_dim, double scale, double *out, double *mag, double *lse);
 
+/* The attention variants of pagedkv.h, section 7a, for one query head; each off at its zero value. */
+typedef struct oracle_variants {
+  uint32_t window; /* the query at position P sees (P - window, P] */
+  double softcap;
+  double slope;    /* ALiBi: slope * (P - position) is taken off each logit */
+  int has_sink;
+  double sink;     /* with has_sink: a logit in the denominator that adds no value */
+} oracle_variants;
+
+/* oracle_attend_seen for a query at position `query` (key t is position t) with the variants var
+ * (NULL: none): logits scaled, then soft-capped, then ALiBi-biased; the window hides positions
+ * <= query - window; the sink joins the softmax's denominator. *lse is the log of that denominator,
+ * the sink's term included: a query that sees nothing gets lse = sink (or -infinity) and out = 0. */
+void oracle_attend_variants(const double *q, const float *k, const float *v, size_t stride, uint32_t n,
+                            const uint8_t *seen, uint32_t query, const oracle_variants *var, uint32_t head_dim,
+                            double scale, double *out, double *mag, double *lse);
+
 /* logit[t] = scale q.k_t over keys [0, n) (k holds row t at t * stride); returns their maximum
  * (-infinity for n = 0). oracle_attend's first step, for a check that needs the logits themselves. */
 double oracle_logits(const double *q, const float *k, size_t stride, uint32_t n, uint32_t head_dim, double scale,
