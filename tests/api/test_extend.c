@@ -578,21 +578,6 @@ static void refusal_case(void **state) {
   model_close(&m);
 }
 
-static void backend_of_this_run(void) {
-  pkv_context *ctx = NULL;
-  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
-  const pkv_status st = pkv_context_create(&cd, &ctx); /* before any test: pu_context's skip() needs one */
-  if (tu_backend_missing(st)) {
-    printf("SKIP: no backend for this run: %s\n", pkv_last_error());
-    exit(TU_EXIT_SKIP);
-  }
-  if (st != PKV_OK || pkv_context_backend(ctx, &g_backend) != PKV_OK) {
-    fprintf(stderr, "no context: %s\n", pkv_last_error());
-    exit(1);
-  }
-  pkv_context_destroy(ctx);
-}
-
 static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFunction fn, void *state) {
   memset(&t[*n], 0, sizeof t[*n]);
   char *copy = pu_malloc(strlen(name) + 1);
@@ -605,7 +590,7 @@ static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFun
 
 int main(void) {
   g_seed = tu_seed();
-  backend_of_this_run();
+  g_backend = pu_run_backend();
   struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS + 1];
   size_t n = 0;
   char name[160];

@@ -462,20 +462,9 @@ static void refusal_case(void **state) {
   model_close(&m);
 }
 
-static void backend_of_this_run(void) {
-  pkv_context *ctx = NULL;
-  const pkv_status st = pu_context(&ctx);
-  if (tu_backend_missing(st)) exit(TU_EXIT_SKIP);
-  if (st != PKV_OK || pkv_context_backend(ctx, &g_backend) != PKV_OK) {
-    fprintf(stderr, "no context: %s\n", pkv_last_error());
-    exit(1);
-  }
-  pkv_context_destroy(ctx);
-}
-
 int main(void) {
   g_seed = tu_seed();
-  backend_of_this_run();
+  g_backend = pu_run_backend();
   struct CMUnitTest tests[MATRIX + 3];
   char *names[MATRIX];
   size_t n = 0;

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
@@ -25,6 +26,23 @@ pkv_status pu_context(pkv_context **ctx) {
     skip();
   }
   return st;
+}
+
+pkv_backend pu_run_backend(void) {
+  pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+  pkv_context *ctx = NULL;
+  pkv_backend backend = PKV_BACKEND_AUTO;
+  const pkv_status st = pkv_context_create(&cd, &ctx);
+  if (tu_backend_missing(st)) {
+    printf("SKIP: no backend for this run: %s\n", pkv_last_error());
+    exit(TU_EXIT_SKIP);
+  }
+  if (st != PKV_OK || pkv_context_backend(ctx, &backend) != PKV_OK) {
+    fprintf(stderr, "no context: %s\n", pkv_last_error());
+    exit(1);
+  }
+  pkv_context_destroy(ctx);
+  return backend;
 }
 
 void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool) {

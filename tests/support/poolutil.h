@@ -28,6 +28,10 @@ void *pu_malloc(size_t bytes);
  * the test is skipped, saying why, when PKV_BACKEND names a backend this machine lacks. */
 pkv_status pu_context(pkv_context **ctx);
 
+/* The backend PKV_BACKEND picks for this run, asked before any test starts: a program run for a
+ * backend this machine lacks exits with TU_EXIT_SKIP (cmocka's skip() works inside a test only). */
+pkv_backend pu_run_backend(void);
+
 /* pu_context and a pool on it; both must succeed (or the test skips). */
 void pu_open(const pkv_pool_desc *desc, pkv_context **ctx, pkv_pool **pool);
 void pu_close(pkv_context *ctx, pkv_pool *pool);
