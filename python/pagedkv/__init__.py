@@ -457,19 +457,7 @@ class Pool:
                              "or [count, q_tokens, q_heads, head_dim]")
         q_tokens = qb.shape[1] if len(qb.shape) == 4 else 1
         q_heads = qb.shape[-2]
-        if out is None:
-            out = _empty_like(qb)
-        ob = _buffer(out, "out", output=True)
-        if ob.shape != qb.shape:
-            raise ValueError(f"out has shape {ob.shape}: expected q's, {qb.shape}")
-        lb = None
-        if lse is True:
-            lse = _empty_like(qb, qb.shape[:-1], Format.F32)
-        if lse is not None and lse is not False:
-            lb = _buffer(lse, "lse", output=True)
-            if lb.format != Format.F32 or lb.shape != qb.shape[:-1]:
-                raise ValueError(f"lse must be float32 of shape {qb.shape[:-1]}")
-        memory = _same_memory([qb, ob, lb], self.ctx.stream, "q, out and lse")
+        ob, lb, memory = _outputs(qb, out, lse, self.ctx.stream)
         args = _ffi.new_struct(_ffi.DecodeArgs, layer=layer, seqs=_seq_array(seqs, self), count=len(seqs),
                                q_heads=q_heads, q_tokens=q_tokens, scale=scale, q_format=qb.format,
                                out_format=ob.format, memory=memory, q=qb.ptr, out=ob.ptr,
@@ -513,19 +501,7 @@ class Pool:
         if len(qb.shape) != 3 or qb.shape[0] != offsets[len(seqs)] or qb.shape[-1] != self.head_dim:
             raise ValueError(f"q has shape {qb.shape}: expected [sum(tokens)={offsets[len(seqs)]}, q_heads, "
                              f"head_dim={self.head_dim}]")
-        if out is None:
-            out = _empty_like(qb)
-        ob = _buffer(out, "out", output=True)
-        if ob.shape != qb.shape:
-            raise ValueError(f"out has shape {ob.shape}: expected q's, {qb.shape}")
-        lb = None
-        if lse is True:
-            lse = _empty_like(qb, qb.shape[:-1], Format.F32)
-        if lse is not None and lse is not False:
-            lb = _buffer(lse, "lse", output=True)
-            if lb.format != Format.F32 or lb.shape != qb.shape[:-1]:
-                raise ValueError(f"lse must be float32 of shape {qb.shape[:-1]}")
-        memory = _same_memory([qb, ob, lb], self.ctx.stream, "q, out and lse")
+        ob, lb, memory = _outputs(qb, out, lse, self.ctx.stream)
         args = _ffi.new_struct(_ffi.ExtendArgs, layer=layer, seqs=_seq_array(seqs, self), count=len(seqs),
                                q_heads=qb.shape[1], q_offsets=offsets, scale=scale, q_format=qb.format,
                                out_format=ob.format, memory=memory, q=qb.ptr, out=ob.ptr,
@@ -616,6 +592,24 @@ class PageSpan:
     part: int
     offset: int
     bytes: int
+
+
+def _outputs(qb: _Buffer, out: Any, lse: Any, stream: int) -> Tuple[_Buffer, Optional[_Buffer], Memory]:
+    """decode's and extend's out (given, or made like q) and lse (an array, True to make one, or
+    None/False), checked against q's shape, and the memory all three share."""
+    if out is None:
+        out = _empty_like(qb)
+    ob = _buffer(out, "out", output=True)
+    if ob.shape != qb.shape:
+        raise ValueError(f"out has shape {ob.shape}: expected q's, {qb.shape}")
+    lb = None
+    if lse is True:
+        lse = _empty_like(qb, qb.shape[:-1], Format.F32)
+    if lse is not None and lse is not False:
+        lb = _buffer(lse, "lse", output=True)
+        if lb.format != Format.F32 or lb.shape != qb.shape[:-1]:
+            raise ValueError(f"lse must be float32 of shape {qb.shape[:-1]}")
+    return ob, lb, _same_memory([qb, ob, lb], stream, "q, out and lse")
 
 
 def _empty_like(b: _Buffer, shape: Optional[Tuple[int, ...]] = None, fmt: Optional[Format] = None) -> Any:
