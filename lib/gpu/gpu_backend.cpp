@@ -32,6 +32,9 @@ constexpr unsigned kThreads = 128;
 // at most kImageLaunchBlocks blocks.
 constexpr uint64_t kImageChunkBytes = 32ull << 20;
 constexpr uint64_t kImageLaunchBlocks = 1u << 20;
+// Thread blocks an image copy launches at most, each taking every kImageGrid-th (layer, page) block:
+// enough to fill a large GPU (132 multiprocessors, 8 blocks of 256 threads each).
+constexpr uint64_t kImageGrid = 1024;
 
 unsigned blocks_for(uint64_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 
@@ -479,10 +482,11 @@ class GpuBackend final : public Backend {
     p.payload = payload;
     p.sum = sum;
     p.first_block = first;
+    p.blocks = blocks;
     p.count = a.count;
     p.first_layer = a.first_layer;
     p.to_image = to_image;
-    rt_.launch(copy_image_, unsigned(blocks), 1, 1, &p, 256);
+    rt_.launch(copy_image_, unsigned(std::min(blocks, kImageGrid)), 1, 1, &p, 256);
   }
 
   void apply_table(const PoolGeometry &g, const TableUpdates &t, DevPtr entries) {

@@ -58,14 +58,15 @@ typedef struct PkvCopyParams {
 } PkvCopyParams;
 
 /* A sequence image's payload (lib/seq_image.hpp): blocks (layer, page), [layer][page] over `count`
- * pages from layer first_layer, copied between the pool and `payload`, which holds the blocks from
- * first_block on; the checksum terms of the payload's words are added to the uint64_t at `sum`. */
+ * pages from layer first_layer, copied between the pool and `payload`, which holds the `blocks`
+ * blocks from first_block on; the checksum terms of the payload's words are added to the uint64_t at
+ * `sum`. */
 typedef struct PkvImageParams {
   PkvPool pool;
   uint64_t pages;       /* uint32_t [count]: the sequence's pages */
   uint64_t payload;     /* block first_block's bytes, the later blocks after it */
   uint64_t sum;
-  uint64_t first_block;
+  uint64_t first_block, blocks;
   uint32_t count, first_layer;
   uint32_t to_image;    /* 1: pool to payload (export); 0: payload to pool (import) */
   uint32_t reserved;

@@ -80,26 +80,31 @@ __device__ __forceinline__ uint64_t image_word_term(uint64_t word, uint64_t i) {
   return z ^ (z >> 31);
 }
 
-// One block per (layer, page) block of an image's payload, block first_block + blockIdx.x in
-// [layer][page] order: copied between the pool and the payload in 16-byte pieces (blocks are
-// multiples of 64 bytes), its words' checksum terms summed in shared memory and added to *sum once.
-// Words are little-endian, as the host reads them.
+// The (layer, page) blocks [first_block, first_block + blocks) of an image's payload, in [layer][page]
+// order, a thread block taking every gridDim.x-th: copied between the pool and the payload in 16-byte
+// pieces (blocks are multiples of 64 bytes), their words' checksum terms summed in shared memory and
+// added to *sum once a thread block (a Q4_0 pool's blocks are small: a thread block and an atomic
+// each cost more than their copy). Words are little-endian, as the host reads them.
 extern "C" __global__ void pkv_copy_image(PkvImageParams p) {
   __shared__ unsigned long long block_sum;
   if (threadIdx.x == 0) block_sum = 0;
   __syncthreads();
-  const uint64_t b = p.first_block + blockIdx.x, pieces = p.pool.block_bytes / 16;
-  const uint32_t page = reinterpret_cast<const uint32_t *>(p.pages)[b % p.count];
-  uint4 *pool = reinterpret_cast<uint4 *>(part(p.pool, p.first_layer + uint32_t(b / p.count), page, false));
-  uint4 *image = reinterpret_cast<uint4 *>(p.payload) + uint64_t(blockIdx.x) * pieces;
-  const uint64_t first_word = b * pieces * 2;
+  const uint64_t pieces = p.pool.block_bytes / 16;
   uint64_t sum = 0;
-  for (uint64_t i = threadIdx.x; i < pieces && page < p.pool.pages; i += blockDim.x) {
-    const uint4 v = p.to_image ? pool[i] : image[i];
-    if (p.to_image) image[i] = v;
-    else pool[i] = v;
-    sum += image_word_term(uint64_t(v.y) << 32 | v.x, first_word + 2 * i) +
-           image_word_term(uint64_t(v.w) << 32 | v.z, first_word + 2 * i + 1);
+  for (uint64_t k = blockIdx.x; k < p.blocks; k += gridDim.x) {
+    const uint64_t b = p.first_block + k;
+    const uint32_t page = reinterpret_cast<const uint32_t *>(p.pages)[b % p.count];
+    if (page >= p.pool.pages) continue;
+    uint4 *pool = reinterpret_cast<uint4 *>(part(p.pool, p.first_layer + uint32_t(b / p.count), page, false));
+    uint4 *image = reinterpret_cast<uint4 *>(p.payload) + k * pieces;
+    const uint64_t first_word = b * pieces * 2;
+    for (uint64_t i = threadIdx.x; i < pieces; i += blockDim.x) {
+      const uint4 v = p.to_image ? pool[i] : image[i];
+      if (p.to_image) image[i] = v;
+      else pool[i] = v;
+      sum += image_word_term(uint64_t(v.y) << 32 | v.x, first_word + 2 * i) +
+             image_word_term(uint64_t(v.w) << 32 | v.z, first_word + 2 * i + 1);
+    }
   }
   atomicAdd(&block_sum, static_cast<unsigned long long>(sum));
   __syncthreads();

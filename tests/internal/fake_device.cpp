@@ -185,7 +185,7 @@ Call FakeDevice::launch(pkv::gpu::Function f, unsigned gx, unsigned gy, unsigned
         return {1, "launch (of a decode whose chunk counters are not zero)"};
     }
   }
-  if (it->second == "pkv_copy_image" && !copy_image(*static_cast<const PkvImageParams *>(params[0]), gx))
+  if (it->second == "pkv_copy_image" && !copy_image(*static_cast<const PkvImageParams *>(params[0])))
     return {1, "launch (of an image copy past the end of an allocation)"};
   record("launch %s: %ux%ux%u blocks of %ux%ux%u, %u bytes shared", it->second.c_str(), gx, gy, gz, bx, by, bz,
          shared_bytes);
@@ -193,8 +193,8 @@ Call FakeDevice::launch(pkv::gpu::Function f, unsigned gx, unsigned gy, unsigned
 }
 
 // What pkv_copy_image does (lib/kernels/pages.cu), so that images pass through the stand-in whole.
-bool FakeDevice::copy_image(const PkvImageParams &p, unsigned blocks) {
-  const uint64_t block = p.pool.block_bytes;
+bool FakeDevice::copy_image(const PkvImageParams &p) {
+  const uint64_t block = p.pool.block_bytes, blocks = p.blocks;
   const uint8_t *pages = at(p.pages, uint64_t(p.count) * 4);
   uint8_t *sum = at(p.sum, 8), *payload = at(p.payload, blocks * block);
   if (!pages || !sum || !payload) return false;

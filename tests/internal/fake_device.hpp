@@ -110,7 +110,7 @@ class FakeDevice final : public pkv::gpu::Device, public pkv::gpu::TensorCores {
   // Ends a handle of `thing`: a call on one that is not alive fails, as the runtime's would.
   pkv::gpu::Call end(const void *h, FakeLedger::Thing thing, const char *what);
   void record(const char *format, ...) PKV_PRINTF_LIKE(2, 3);
-  bool copy_image(const struct PkvImageParams &p, unsigned blocks);
+  bool copy_image(const struct PkvImageParams &p);
 
   static constexpr unsigned char image_[1] = {0};
   pkv::gpu::Images images_{image_, image_, image_, image_, "fake"};
