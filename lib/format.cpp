@@ -51,6 +51,14 @@ bool is_page_format(pkv_format f) { return is_io_format(f) || is_quantized(f); }
 
 size_t io_elem_bytes(pkv_format f) { return f == PKV_FORMAT_F32 ? 4 : 2; }
 
+#if defined(__x86_64__)
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 namespace {
 
 void load_f16_portable(const uint8_t *src, size_t n, float *dst) {
@@ -83,12 +91,6 @@ __attribute__((target("avx,f16c"))) void store_f16_f16c(const float *src, size_t
   store_f16_portable(src + i, n - i, dst + 2 * i);
 }
 
-// Whether the processor (and the OS, for AVX's registers) runs F16C's conversions.
-bool has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
 #endif
 
 struct F16Rows {

@@ -53,6 +53,11 @@ bool is_page_format(pkv_format f); // every format a page may hold
 inline bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
 size_t io_elem_bytes(pkv_format f);
 
+#if defined(__x86_64__)
+// Whether the processor (and the OS, for AVX's registers) runs F16C's conversions.
+bool has_f16c();
+#endif
+
 // n F16 values to floats: by F16C where the processor has it (x86-64), else f16_to_f32 (the same floats; a signalling
 // NaN may come out quiet).
 void load_f16(const uint8_t *src, size_t n, float *dst);

@@ -21,17 +21,16 @@ namespace pkv {
 namespace {
 
 constexpr uint32_t kTokenBlock = 32; // tokens whose scores are taken before one softmax rescale
+constexpr uint32_t kPrefetchTokens = 2 * kTokenBlock; // how far ahead rows are asked for
 
 // W floats as one vector (GCC's and Clang's vector extension): 4 for SSE or NEON registers, 8 for
 // AVX ones (vectors wider than the registers made slower code than the plain loops had).
-template <int W> struct Lanes {
-  typedef float type __attribute__((vector_size(4 * W)));
+template <class T, int W> struct Lanes {
+  typedef T type __attribute__((vector_size(sizeof(T) * W)));
 };
-template <int W> using Floats = typename Lanes<W>::type;
-template <int W> struct IntLanes {
-  typedef int32_t type __attribute__((vector_size(4 * W)));
-};
-template <int W> using Ints = typename IntLanes<W>::type;
+template <class T, int W> using Vector = typename Lanes<T, W>::type;
+template <int W> using Floats = Vector<float, W>;
+template <int W> using Ints = Vector<int32_t, W>;
 
 template <int W> PKV_ALWAYS_INLINE Floats<W> load(const float *p) {
   Floats<W> v;
@@ -54,16 +53,28 @@ template <int W> PKV_ALWAYS_INLINE Floats<W> hadd(Floats<W> x, Floats<W> y) {
 
 // out[i] = the sum of v[i]'s lanes, for 8 vectors: two rounds of hadd leave each 4-lane block
 // holding one lane of each of 4 vectors' sums; with 8 lanes the two blocks are added.
+// With 16 lanes the four 4-lane blocks are first folded to two, which leaves the 8-lane case.
 template <int W> PKV_ALWAYS_INLINE void lane_sums(const Floats<W> (&v)[8], float *out) {
-  static_assert(W == 4 || W == 8, "4-lane blocks");
-  for (int h = 0; h < 8 / W; h++) {
-    const Floats<W> *u = v + 4 * h;
-    Floats<W> s = hadd<W>(hadd<W>(u[0], u[1]), hadd<W>(u[2], u[3]));
-    if constexpr (W == 8) {
-      const Floats<W> t = hadd<W>(hadd<W>(u[4], u[5]), hadd<W>(u[6], u[7]));
-      s = __builtin_shufflevector(s, t, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(s, t, 4, 5, 6, 7, 12, 13, 14, 15);
+  static_assert(W == 4 || W == 8 || W == 16, "4-lane blocks");
+  if constexpr (W == 16) {
+    const Floats<W> s = hadd<W>(hadd<W>(v[0], v[1]), hadd<W>(v[2], v[3]));
+    const Floats<W> t = hadd<W>(hadd<W>(v[4], v[5]), hadd<W>(v[6], v[7]));
+    const Floats<8> s8 = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7) +
+                         __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
+    const Floats<8> t8 = __builtin_shufflevector(t, t, 0, 1, 2, 3, 4, 5, 6, 7) +
+                         __builtin_shufflevector(t, t, 8, 9, 10, 11, 12, 13, 14, 15);
+    store<4>(out, __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7));
+    store<4>(out + 4, __builtin_shufflevector(t8, t8, 0, 1, 2, 3) + __builtin_shufflevector(t8, t8, 4, 5, 6, 7));
+  } else {
+    for (int h = 0; h < 8 / W; h++) {
+      const Floats<W> *u = v + 4 * h;
+      Floats<W> s = hadd<W>(hadd<W>(u[0], u[1]), hadd<W>(u[2], u[3]));
+      if constexpr (W == 8) {
+        const Floats<W> t = hadd<W>(hadd<W>(u[4], u[5]), hadd<W>(u[6], u[7]));
+        s = __builtin_shufflevector(s, t, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(s, t, 4, 5, 6, 7, 12, 13, 14, 15);
+      }
+      store<W>(out + 4 * h, s);
     }
-    store<W>(out + 4 * h, s);
   }
 }
 
@@ -92,27 +103,36 @@ PKV_ALWAYS_INLINE void score_block(const float *q, const float *keys, uint32_t n
 }
 
 // acc_j = acc_j * correction_j + the sum of w_j[i] v_i over n rows v_i of D values (D apart), for R
-// rows (acc and w kTokenBlock and D apart): 4 W values of each at a time, held in registers over all
+// rows (acc and w kTokenBlock and D apart): V vectors of each at a time, held in registers over all
 // the rows, each V load serving the R rows. The block's sum starts from zero and joins acc once, as
 // its weights join the normaliser: added one by one to an acc near 1, weights below 2^-24 of the
 // largest would count in the normaliser but not here.
+template <int W, int R, int V>
+PKV_ALWAYS_INLINE void accumulate_part(float *acc, const float *correction, const float *w, const float *v, uint32_t n,
+                                       uint32_t D, uint32_t d) {
+  Floats<W> a[R][V] = {};
+  const float *row = v + d;
+  for (uint32_t i = 0; i < n; i++, row += D)
+    for (int k = 0; k < V; k++) {
+      const Floats<W> vv = load<W>(row + k * W);
+      for (int j = 0; j < R; j++) a[j][k] += w[j * kTokenBlock + i] * vv;
+    }
+  for (int j = 0; j < R; j++)
+    for (int k = 0; k < V; k++) {
+      float *at = acc + j * D + d + k * W;
+      store<W>(at, load<W>(at) * correction[j] + a[j][k]);
+    }
+}
+
+// Four vectors of each row at a time (eight chains hide the multiply-adds' latency); with 16 lanes a
+// head_dim that is an odd multiple of 32 ends with two.
 template <int W, int R>
 PKV_ALWAYS_INLINE void accumulate(float *acc, const float *correction, const float *w, const float *v, uint32_t n,
                                   uint32_t D) {
-  for (uint32_t d = 0; d < D; d += 4 * W) {
-    Floats<W> a[R][4] = {};
-    const float *row = v + d;
-    for (uint32_t i = 0; i < n; i++, row += D)
-      for (int k = 0; k < 4; k++) {
-        const Floats<W> vv = load<W>(row + k * W);
-        for (int j = 0; j < R; j++) a[j][k] += w[j * kTokenBlock + i] * vv;
-      }
-    for (int j = 0; j < R; j++)
-      for (int k = 0; k < 4; k++) {
-        float *at = acc + j * D + d + k * W;
-        store<W>(at, load<W>(at) * correction[j] + a[j][k]);
-      }
-  }
+  uint32_t d = 0;
+  for (; d + 4 * W <= D; d += 4 * W) accumulate_part<W, R, 4>(acc, correction, w, v, n, D, d);
+  if constexpr (W == 16)
+    for (; d < D; d += 2 * W) accumulate_part<W, R, 2>(acc, correction, w, v, n, D, d);
 }
 
 // e^x lane by lane for x <= 0 or NaN (scores minus their row's maximum): 2^n e^r with n = x / ln 2
@@ -151,12 +171,135 @@ template <int W> PKV_ALWAYS_INLINE float weights(float *p, uint32_t n, float top
   return total;
 }
 
+// The instruction sets a variant is compiled for: W floats a vector, and F16 rows to floats by the
+// widest conversion the set has (every conversion here is exact, so every variant decodes a row to
+// the same floats).
+// scaled_group: one group of 32 signed quants times its scale (dequantize_q8_0's arithmetic), by
+// the set's own widening instructions: GCC 12 turns a vector-extension conversion from 8-bit to
+// wider lanes into one scalar conversion a lane. The variants take and give memory, not vectors:
+// a vector wider than the caller's target is passed differently on each side of the call.
+struct Generic {
+  static constexpr int W = 4;
+  static void f16_row(const uint8_t *src, uint32_t n, float *dst) { load_f16(src, n, dst); }
+  static PKV_ALWAYS_INLINE void scaled_group(const int8_t *q, float s, float *dst) {
+    for (uint32_t j = 0; j < kGroup; j++) dst[j] = float(q[j]) * s;
+  }
+};
+
+#if defined(__x86_64__)
+#define PKV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define PKV_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+// Plain inline, not always_inline: GCC and Clang inline a function of a narrower target into one of
+// a wider target, but refuse always_inline through the template in between.
+struct Avx2 {
+  static constexpr int W = 8;
+  PKV_AVX2 static inline void f16_row(const uint8_t *src, uint32_t n, float *dst) {
+    for (uint32_t i = 0; i < n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 2 * i))));
+  }
+  PKV_AVX2 static inline void scaled_group(const int8_t *q, float s, float *dst) {
+    for (uint32_t j = 0; j < kGroup; j += 8) {
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q + j))));
+      _mm256_storeu_ps(dst + j, _mm256_mul_ps(f, _mm256_set1_ps(s)));
+    }
+  }
+};
+struct Avx512 {
+  static constexpr int W = 16;
+  // Zero-masked forms: GCC 12 warns of the plain ones' undefined pass-through operand.
+  PKV_AVX512 static inline void f16_row(const uint8_t *src, uint32_t n, float *dst) {
+    for (uint32_t i = 0; i < n; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + 2 * i))));
+  }
+  PKV_AVX512 static inline void scaled_group(const int8_t *q, float s, float *dst) {
+    for (uint32_t j = 0; j < kGroup; j += 16) {
+      const __m512 f = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + j))));
+      _mm512_storeu_ps(dst + j, _mm512_mul_ps(f, _mm512_set1_ps(s)));
+    }
+  }
+};
+#endif
+
+// n BF16 values to floats, W at a time: each moved into a float's upper half.
+template <int W> PKV_ALWAYS_INLINE void bf16_row(const uint8_t *src, uint32_t n, float *dst) {
+  for (uint32_t i = 0; i < n; i += W) {
+    Vector<uint16_t, W> h;
+    std::memcpy(&h, src + 2 * i, sizeof h);
+    const Vector<uint32_t, W> w = __builtin_convertvector(h, Vector<uint32_t, W>) << 16;
+    std::memcpy(dst + i, &w, sizeof w);
+  }
+}
+
+// A Q8_0 row of n values (quants, then the row's group scales) to floats.
+template <class Isa> PKV_ALWAYS_INLINE void q8_0_row(const uint8_t *quants, const uint8_t *scales, uint32_t n, float *dst) {
+  for (uint32_t g = 0; g < n / kGroup; g++)
+    Isa::scaled_group(reinterpret_cast<const int8_t *>(quants) + g * kGroup, f16_to_f32(load16(scales + 2 * g)), dst + g * kGroup);
+}
+
+// A Q4_0 row likewise: a group's byte j holds value j (low nibble) and value j + 16 (high nibble),
+// each offset by 8 (dequantize_q4_0); the nibbles become a Q8_0 group's signed bytes first.
+template <class Isa> PKV_ALWAYS_INLINE void q4_0_row(const uint8_t *quants, const uint8_t *scales, uint32_t n, float *dst) {
+  for (uint32_t g = 0; g < n / kGroup; g++) {
+    Vector<uint8_t, kGroup / 2> q;
+    std::memcpy(&q, quants + g * (kGroup / 2), sizeof q);
+    const Vector<int8_t, kGroup / 2> low = (Vector<int8_t, kGroup / 2>)(q & 15) - 8, high = (Vector<int8_t, kGroup / 2>)(q >> 4) - 8;
+    int8_t bytes[kGroup];
+    std::memcpy(bytes, &low, sizeof low);
+    std::memcpy(bytes + kGroup / 2, &high, sizeof high);
+    Isa::scaled_group(bytes, f16_to_f32(load16(scales + 2 * g)), dst + g * kGroup);
+  }
+}
+
 // Asks for the row of `head` at `slot`, and its scales, to come into the L2 cache (locality 1: on
 // x86 prefetcht2; prefetching into L1 measured slower, docs/perf/decisions.md).
 PKV_ALWAYS_INLINE void prefetch_row(const uint8_t *part, const PlaneLayout &l, uint32_t head, uint32_t slot) {
   const uint8_t *row = part + l.data_at(head, slot);
   for (uint32_t o = 0; o < l.row_data_bytes; o += 64) __builtin_prefetch(row + o, 0, 1);
   if (l.row_scale_bytes) __builtin_prefetch(part + l.scale_at(head, slot), 0, 1);
+}
+
+// One row of format F to floats.
+template <class Isa, pkv_format F>
+PKV_ALWAYS_INLINE void convert_row(const uint8_t *data, const uint8_t *scales, uint32_t D, float *dst) {
+  if constexpr (F == PKV_FORMAT_F32) std::memcpy(dst, data, size_t(D) * 4);
+  else if constexpr (F == PKV_FORMAT_F16) Isa::f16_row(data, D, dst);
+  else if constexpr (F == PKV_FORMAT_BF16) bf16_row<Isa::W>(data, D, dst);
+  else if constexpr (F == PKV_FORMAT_Q8_0) q8_0_row<Isa>(data, scales, D, dst);
+  else q4_0_row<Isa>(data, scales, D, dst);
+}
+
+// Rows of KV head t.kv_head at positions [t0, t0 + n) of one plane of t.layer (K's: at
+// part_offset 0 of a page's block; V's: after K's part), as floats [n][D] into dst; meanwhile the
+// rows kPrefetchTokens further on are asked for, one row a row, so that the memory system keeps
+// streaming while the block computes. Templates, not lambdas, down to the arithmetic: a lambda does
+// not take its enclosing function's target attribute, and where it is not inlined (-O0) its vector
+// code would be compiled for the baseline instruction set.
+template <class Isa, pkv_format F>
+PKV_ALWAYS_INLINE void decode_rows_as(const AttendTask &t, const PlaneLayout &l, uint64_t part_offset, uint64_t t0,
+                                      uint32_t n, float *dst) {
+  const PoolGeometry &g = *t.g;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint64_t at = t0 + i, ahead = at + kPrefetchTokens;
+    const uint8_t *part = host(g.k_part(t.layer, t.pages[at / g.page_size])) + part_offset;
+    const uint32_t slot = uint32_t(at % g.page_size);
+    convert_row<Isa, F>(part + l.data_at(t.kv_head, slot), part + l.scale_at(t.kv_head, slot), g.head_dim,
+                        dst + size_t(i) * g.head_dim);
+    if (ahead < t.end)
+      prefetch_row(host(g.k_part(t.layer, t.pages[ahead / g.page_size])) + part_offset, l, t.kv_head,
+                   uint32_t(ahead % g.page_size));
+  }
+}
+
+template <class Isa>
+PKV_ALWAYS_INLINE void decode_rows(const AttendTask &t, const PlaneLayout &l, uint64_t part_offset, uint64_t t0,
+                                   uint32_t n, float *dst) {
+  switch (l.format) {
+  case PKV_FORMAT_F32: return decode_rows_as<Isa, PKV_FORMAT_F32>(t, l, part_offset, t0, n, dst);
+  case PKV_FORMAT_F16: return decode_rows_as<Isa, PKV_FORMAT_F16>(t, l, part_offset, t0, n, dst);
+  case PKV_FORMAT_BF16: return decode_rows_as<Isa, PKV_FORMAT_BF16>(t, l, part_offset, t0, n, dst);
+  case PKV_FORMAT_Q8_0: return decode_rows_as<Isa, PKV_FORMAT_Q8_0>(t, l, part_offset, t0, n, dst);
+  default: return decode_rows_as<Isa, PKV_FORMAT_Q4_0>(t, l, part_offset, t0, n, dst);
+  }
 }
 
 // Hides the scores of the positions a mask row keeps out of sight (p[i] is position t0 + i's score,
@@ -188,8 +331,41 @@ float shape_scores(float *p, uint32_t n, uint64_t t0, const TokenView &view, flo
   return top;
 }
 
-// W: floats a vector.
-template <int W> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
+// Rows r .. r + R - 1 of a block of keys and values at t0 (in t.scratch), each seeing nv of them:
+// scores, the online softmax, then the weighted V rows.
+template <int W, int R> PKV_ALWAYS_INLINE void update_rows(const AttendTask &t, uint32_t r, uint32_t nv, uint64_t t0) {
+  const uint32_t D = t.g->head_dim, group = t.group;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  AttendScratch &scratch = *t.scratch;
+  float *p = scratch.scores.data(), *m = scratch.m.data(), *l = scratch.l.data();
+  score_block<W, R>(t.q + size_t(r) * D, scratch.keys.data(), nv, D, p);
+  float correction[R];
+  bool live = false;
+  for (int j = 0; j < R; j++) {
+    float *pj = p + j * kTokenBlock;
+    const TokenView &view = t.views[(r + j) / group];
+    float block_max = neg_inf;
+    if (t.softcap == 0.0f && !t.slopes && view.begin <= t0)
+      for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= t.scale);
+    else
+      block_max = shape_scores(pj, nv, t0, view, t.scale, t.softcap, t.slopes ? t.slopes[(r + j) % group] : 0.0f);
+    if (view.mask_row && t0 + nv > view.mask_from) block_max = apply_mask(pj, nv, t0, view);
+    if (block_max == neg_inf) { // nothing finite to weigh (the row's m may still be -inf)
+      correction[j] = 1.0f;
+      std::fill(pj, pj + nv, 0.0f);
+      continue;
+    }
+    live = true;
+    const float m_new = std::max(m[r + j], block_max);
+    correction[j] = std::exp(m[r + j] - m_new); // 0 on the first visible block (m = -inf)
+    l[r + j] = l[r + j] * correction[j] + weights<W>(pj, nv, m_new);
+    m[r + j] = m_new;
+  }
+  if (live) accumulate<W, R>(&scratch.acc[size_t(r) * D], correction, p, scratch.values.data(), nv, D);
+}
+
+template <class Isa> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
+  constexpr int W = Isa::W;
   const PoolGeometry &g = *t.g;
   const uint32_t D = g.head_dim, group = t.group, rows = t.tokens * group;
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -203,63 +379,24 @@ template <int W> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
   l.assign(rows, 0.0f);
   scores.resize(2 * kTokenBlock);
 
-  const uint32_t *pages = t.pages;
   // Positions in 64 bits: a range may end within a block of 2^32, where 32-bit ones would wrap.
   const uint64_t end = t.end;
   for (uint64_t t0 = t.begin; t0 < end; t0 += kTokenBlock) {
     const uint32_t n = uint32_t(std::min<uint64_t>(kTokenBlock, end - t0));
-    for (uint32_t i = 0; i < n; i++) {
-      const uint32_t page = pages[(t0 + i) / g.page_size], slot = uint32_t((t0 + i) % g.page_size);
-      decode_row(g.k, host(g.k_part(t.layer, page)), t.kv_head, slot, &keys[size_t(i) * D]);
-      decode_row(g.v, host(g.v_part(t.layer, page)), t.kv_head, slot, &values[size_t(i) * D]);
-    }
-    // The next block's rows, while this one computes.
-    for (uint64_t i = t0 + kTokenBlock; i < std::min<uint64_t>(t0 + 2 * kTokenBlock, end); i++) {
-      const uint32_t page = pages[i / g.page_size], slot = uint32_t(i % g.page_size);
-      prefetch_row(host(g.k_part(t.layer, page)), g.k, t.kv_head, slot);
-      prefetch_row(host(g.v_part(t.layer, page)), g.v, t.kv_head, slot);
-    }
+    decode_rows<Isa>(t, g.k, 0, t0, n, keys.data());
+    decode_rows<Isa>(t, g.v, g.k.bytes, t0, n, values.data());
     // Row r sees the block's first seen(r) tokens: positions below its token's view's end.
     auto seen = [&](uint32_t r) {
       const uint64_t visible = t.views[r / group].end;
       return visible <= t0 ? 0 : uint32_t(std::min<uint64_t>(n, visible - t0));
-    };
-    // Rows r .. r + R - 1, each seeing nv tokens: scores, the online softmax, then the weighted V rows.
-    auto update = [&](uint32_t r, uint32_t nv, auto rows_at_once) {
-      constexpr int R = decltype(rows_at_once)::value;
-      float *p = scores.data();
-      score_block<W, R>(t.q + size_t(r) * D, keys.data(), nv, D, p);
-      float correction[R];
-      bool live = false;
-      for (int j = 0; j < R; j++) {
-        float *pj = p + j * kTokenBlock;
-        const TokenView &view = t.views[(r + j) / group];
-        float block_max = neg_inf;
-        if (t.softcap == 0.0f && !t.slopes && view.begin <= t0)
-          for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= t.scale);
-        else
-          block_max = shape_scores(pj, nv, t0, view, t.scale, t.softcap, t.slopes ? t.slopes[(r + j) % group] : 0.0f);
-        if (view.mask_row && t0 + nv > view.mask_from) block_max = apply_mask(pj, nv, t0, view);
-        if (block_max == neg_inf) { // nothing finite to weigh (the row's m may still be -inf)
-          correction[j] = 1.0f;
-          std::fill(pj, pj + nv, 0.0f);
-          continue;
-        }
-        live = true;
-        const float m_new = std::max(m[r + j], block_max);
-        correction[j] = std::exp(m[r + j] - m_new); // 0 on the first visible block (m = -inf)
-        l[r + j] = l[r + j] * correction[j] + weights<W>(pj, nv, m_new);
-        m[r + j] = m_new;
-      }
-      if (live) accumulate<W, R>(&acc[size_t(r) * D], correction, p, values.data(), nv, D);
     };
     // Rows in pairs where both see as many tokens: all but a pair straddling two query tokens in the
     // block where the first one's visible positions end.
     for (uint32_t r = 0; r < rows;) {
       const uint32_t nv = seen(r);
       const bool pair = r + 1 < rows && seen(r + 1) == nv;
-      if (nv > 0 && pair) update(r, nv, std::integral_constant<int, 2>());
-      else if (nv > 0) update(r, nv, std::integral_constant<int, 1>());
+      if (nv > 0 && pair) update_rows<W, 2>(t, r, nv, t0);
+      else if (nv > 0) update_rows<W, 1>(t, r, nv, t0);
       r += pair ? 2 : 1;
     }
   }
@@ -270,13 +407,13 @@ template <int W> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
   }
 }
 
-void attend_generic(const AttendTask &t) { attend<4>(t); }
+void attend_generic(const AttendTask &t) { attend<Generic>(t); }
 
 #if defined(__x86_64__)
-// The same code for AVX2 and FMA: the loops inlined here run 8 floats a vector and their
+// The same code for wider vector units: the loops inlined here run W floats a vector and their
 // multiply-adds fuse (this file builds with -ffp-contract=fast: it quantizes nothing).
-__attribute__((target("avx2,fma"))) void attend_avx2(const AttendTask &t) { attend<8>(t); }
-
+PKV_AVX2 void attend_avx2(const AttendTask &t) { attend<Avx2>(t); }
+PKV_AVX512 void attend_avx512(const AttendTask &t) { attend<Avx512>(t); }
 #endif
 
 } // namespace
@@ -301,14 +438,40 @@ void add_sink(float *out, uint32_t D, float *lse, float sink) {
 }
 
 AttendKernel attend_kernel(const char *want) {
-  const bool generic = want && std::strcmp(want, "generic") == 0;
-  if (want && *want && !generic) return {nullptr, nullptr};
+  struct Variant {
+    const char *env; // PKV_CPU_KERNEL's value for it
+    AttendKernel kernel;
+    bool runs; // on this processor
+  };
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {attend_avx2, "AVX2 + FMA"};
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
 #endif
-  return {attend_generic, "generic"};
+  const Variant variants[] = { // widest first
+#if defined(__x86_64__)
+      {"avx512", {attend_avx512, "AVX-512"}, avx512},
+      {"avx2", {attend_avx2, "AVX2 + FMA + F16C"}, avx2},
+#endif
+      {"generic", {attend_generic, "generic"}, true},
+  };
+  for (const Variant &v : variants) {
+    if (!(want && *want)) {
+      if (v.runs) return v.kernel;
+    } else if (std::strcmp(want, v.env) == 0) {
+      return v.runs ? v.kernel : AttendKernel{nullptr, v.kernel.name};
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+const char *attend_kernel_names() {
+#if defined(__x86_64__)
+  return "avx512, avx2 or generic";
+#else
+  return "generic";
+#endif
 }
 
 } // namespace pkv

@@ -1,8 +1,8 @@
 // The CPU backend's attention of query rows of one KV head over a range of a sequence's positions
 // (decode's chunks, extend's blocks of new tokens): online softmax over blocks of tokens, every query
-// row against each K/V row decoded once. Compiled twice: for any
-// processor of the target, and (x86-64, GCC or Clang) for AVX2 with FMA, taken at run time
-// where the processor has them.
+// row against each K/V row decoded once. Compiled for any processor of the target and (x86-64, GCC
+// or Clang) for AVX2 with FMA and F16C and for AVX-512: the widest the processor runs is taken at
+// run time.
 #pragma once
 
 #include <cstdint>
@@ -69,11 +69,14 @@ void add_sink(float *out, uint32_t D, float *lse, float sink);
 
 struct AttendKernel {
   void (*run)(const AttendTask &task);
-  const char *name; // "AVX2 + FMA" or "generic"
+  const char *name; // "AVX-512", "AVX2 + FMA + F16C" or "generic"
 };
 
-// The variant for `want`, PKV_CPU_KERNEL's value: null or empty, the widest this processor runs;
-// "generic", the portable one (for A/B runs of one binary); any other value, none (run null).
+// The variant for `want`, PKV_CPU_KERNEL's value: null or empty, the widest this processor runs; a
+// variant's name (attend_kernel_names), that one (to test each and for A/B runs of one binary), or
+// where this processor cannot run it its name alone (run null); a name this build lacks, neither.
 AttendKernel attend_kernel(const char *want);
+// The names PKV_CPU_KERNEL may take in this build, for error texts.
+const char *attend_kernel_names();
 
 } // namespace pkv

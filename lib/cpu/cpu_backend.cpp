@@ -26,6 +26,7 @@ namespace {
 
 constexpr uint32_t kRowsPerItem = 64; // rows one scatter/gather work item converts
 constexpr uint64_t kImageBytesPerItem = 1 << 20; // payload one export/import work item copies
+constexpr uint32_t kPlanWorkers = 32;             // the threads a decode plan is cut for
 
 class CpuBackend final : public Backend {
  public:
@@ -33,10 +34,12 @@ class CpuBackend final : public Backend {
       : attend_(attend), workers_(threads), scratch_(workers_.threads()), row_(workers_.threads()) {}
 
   pkv_backend kind() const override { return PKV_BACKEND_CPU; }
-  // Every thread at the full rate; an item costs a thread hand-off: worth it for a few hundred tokens.
+  // Plans for kPlanWorkers threads whatever the context has, so that a decode's chunks, and with them
+  // its result's bits, are the same for any thread count; every thread at the full rate; an item
+  // costs a thread hand-off: worth it for a few hundred tokens.
   DecodeConfig decode_config(const PoolGeometry &, uint32_t) override {
     DecodeConfig c;
-    c.plan.workers = c.plan.full_rate_workers = workers_.threads();
+    c.plan.workers = c.plan.full_rate_workers = kPlanWorkers;
     c.plan.fixed_cost_tokens = 256;
     return c;
   }
@@ -287,7 +290,9 @@ class CpuBackend final : public Backend {
 std::unique_ptr<Backend> make_cpu_backend(uint32_t threads) {
   const char *want = std::getenv("PKV_CPU_KERNEL");
   const AttendKernel attend = attend_kernel(want);
-  if (!attend.run) fail(PKV_ERR_INVALID_ARGUMENT, "PKV_CPU_KERNEL=%s: expected generic (or unset)", want);
+  if (!attend.run && attend.name)
+    fail(PKV_ERR_UNSUPPORTED, "PKV_CPU_KERNEL=%s: this processor does not run the %s decode", want, attend.name);
+  if (!attend.run) fail(PKV_ERR_INVALID_ARGUMENT, "PKV_CPU_KERNEL=%s: expected %s (or unset)", want, attend_kernel_names());
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   return std::make_unique<CpuBackend>(threads, attend);
 }
@@ -305,7 +310,7 @@ std::string cpu_description() {
   const char *want = std::getenv("PKV_CPU_KERNEL");
   const AttendKernel attend = attend_kernel(want);
   return model + ", " + std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " hardware threads, " +
-         (attend.name ? std::string(attend.name) + " decode" : "PKV_CPU_KERNEL=" + std::string(want) + " unknown");
+         (attend.run ? std::string(attend.name) + " decode" : "PKV_CPU_KERNEL=" + std::string(want) + " not run here");
 }
 
 int32_t cpu_devices(std::string *detail) {
@@ -314,7 +319,8 @@ int32_t cpu_devices(std::string *detail) {
     *detail = cpu_description();
     return 1;
   }
-  *detail = "PKV_CPU_KERNEL=" + std::string(want) + ": expected generic (or unset); no CPU context can be created";
+  *detail = "PKV_CPU_KERNEL=" + std::string(want) + ": expected " + attend_kernel_names() +
+            " that this processor runs (or unset); no CPU context can be created";
   return 0;
 }
 

@@ -610,6 +610,7 @@ static void unwritten_slots_read_as_zeros(void **state) {
 }
 
 int main(void) {
+  pu_run_backend(); /* a run without its backend (PKV_BACKEND, PKV_CPU_KERNEL) skips */
   g_seed = tu_seed();
   struct CMUnitTest tests[TU_COUNT(matrix) + TU_COUNT(split) + TU_COUNT(spec) + TU_COUNT(interleave) + 1];
   size_t n = 0;

@@ -11,8 +11,9 @@
  * backend's per-context buffers serve pools of different geometries in turn. Every decode's out and lse
  * are poisoned with NaN first and compared, on both pools, with the float64 oracle of the values the
  * test wrote; errors are measured relative to max(|ref|, sum_t p_t |v_t|). Where the backend under
- * test is the CPU too, a third of the decodes ask for attention variants (a window, a soft-cap, sinks,
- * small ALiBi slopes; pagedkv.h, section 7a), which the GPU backends do not run.
+ * test is the CPU too, its results must be the reference's bits (it plans alike for any thread
+ * count), and a third of the decodes ask for attention variants (a window, a soft-cap, sinks, small
+ * ALiBi slopes; pagedkv.h, section 7a), which the GPU backends do not run.
  *
  * PKV_TEST_SEED fixes the seed; PKV_DIFF_SCENARIOS (default 150) and PKV_DIFF_SECONDS (default 60:
  * no new scenario starts after that) bound the run; PKV_DIFF_SCENARIO=k runs scenario k of the seed
@@ -491,6 +492,10 @@ static void decode(scenario *s, world *w, const decode_call *call, double *worst
   if (st == PKV_OK) {
     check_side(s, w, &c, "the CPU reference", 0, q, out_ref, c.with_lse ? lse_ref : NULL, worst);
     check_side(s, w, &c, "the backend under test", !g_target_is_cpu, q, out_tgt, c.with_lse ? lse_tgt : NULL, worst);
+    /* The CPU backend plans alike for any thread count: its 1- and 3-thread results are the same bits. */
+    if (g_target_is_cpu && !s->failed && (memcmp(out_ref, out_tgt, values * tu_elem_bytes(c.out_format)) != 0 ||
+                                          (c.with_lse && memcmp(lse_ref, lse_tgt, rows * sizeof(float)) != 0)))
+      failure(s, "the CPU backend's 1- and 3-thread results differ in their bits");
   } else if (!s->failed) {
     failure(s, "pkv_decode failed on both: %s (%s)", pkv_status_string(st), pkv_last_error());
   }
