@@ -278,15 +278,19 @@ template <class Isa, pkv_format F>
 PKV_ALWAYS_INLINE void decode_rows_as(const AttendTask &t, const PlaneLayout &l, uint64_t part_offset, uint64_t t0,
                                       uint32_t n, float *dst) {
   const PoolGeometry &g = *t.g;
+  const uint32_t P = g.page_size;
+  // Pages and slots counted along, not divided out a row: a 64-bit division costs more than a row's
+  // conversion.
+  uint64_t page = t0 / P, page_ahead = (t0 + kPrefetchTokens) / P;
+  uint32_t slot = uint32_t(t0 % P), slot_ahead = uint32_t((t0 + kPrefetchTokens) % P);
   for (uint32_t i = 0; i < n; i++) {
-    const uint64_t at = t0 + i, ahead = at + kPrefetchTokens;
-    const uint8_t *part = host(g.k_part(t.layer, t.pages[at / g.page_size])) + part_offset;
-    const uint32_t slot = uint32_t(at % g.page_size);
+    const uint8_t *part = host(g.k_part(t.layer, t.pages[page])) + part_offset;
     convert_row<Isa, F>(part + l.data_at(t.kv_head, slot), part + l.scale_at(t.kv_head, slot), g.head_dim,
                         dst + size_t(i) * g.head_dim);
-    if (ahead < t.end)
-      prefetch_row(host(g.k_part(t.layer, t.pages[ahead / g.page_size])) + part_offset, l, t.kv_head,
-                   uint32_t(ahead % g.page_size));
+    if (t0 + i + kPrefetchTokens < t.end)
+      prefetch_row(host(g.k_part(t.layer, t.pages[page_ahead])) + part_offset, l, t.kv_head, slot_ahead);
+    if (++slot == P) slot = 0, page++;
+    if (++slot_ahead == P) slot_ahead = 0, page_ahead++;
   }
 }
 
