@@ -324,8 +324,8 @@ typedef struct pkv_decode_args {
   uint32_t chunk_pages; /* 0: the planner splits contexts; N: each split-K chunk covers at most N pages
                            (UINT32_MAX: no split); results agree within rounding either way */
   /* Attention variants (section 7a); each is off at its zero value. */
-  const float *sinks;        /* NULL, or [q_heads] in host memory: a sink logit per query head */
-  const float *alibi_slopes; /* NULL, or [q_heads] in host memory: an ALiBi slope per query head */
+  const float *sinks;        /* NULL, or [q_heads] where `memory` says: a sink logit per query head */
+  const float *alibi_slopes; /* NULL, or [q_heads] where `memory` says: an ALiBi slope per query head */
   uint32_t window;           /* 0, or a sliding window of this many positions */
   float softcap;             /* 0, or the logits' soft cap */
 } pkv_decode_args;
@@ -368,9 +368,11 @@ PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *arg
  * lse is the natural log of that denominator: log(sum_j e^(s_j) [+ e^(sinks[h])]). A query that sees no
  * position (an empty decode sequence) gives out = 0 and lse = sinks[h], or -infinity without sinks.
  * Valid values: softcap finite and >= 0; every slope finite and >= 0; every sink finite (any sign);
- * any window. sinks and alibi_slopes are read in host memory whatever `memory` says (q_heads floats,
- * read before the call returns). The CPU backend has every variant; the CUDA and HIP backends refuse
- * a decode that asks for any (PKV_ERR_UNSUPPORTED) before changing anything.
+ * any window. sinks and alibi_slopes (q_heads floats each) live where `memory` says, as q does: with
+ * PKV_MEMORY_DEVICE they stay on the device (a model's weights; a captured graph reads them there)
+ * and their values are the caller's to keep valid (a NaN gives NaN rows); in host memory they are
+ * checked, and read before the call returns. Every backend's decode has every variant; pkv_extend
+ * has them where it runs (the CPU backend).
  *
  * A sequence whose early positions no query will see again (every layer of the pool windowed) can give
  * their pages back with pkv_seq_release_before. An engine whose model mixes windowed and full layers
@@ -551,8 +553,8 @@ typedef struct pkv_extend_args {
   const uint64_t *mask_offsets; /* with a mask: [count], host memory: entry b's rows start at mask + this */
   uint64_t mask_bytes;          /* with a mask: the bytes at mask; every entry's rows lie inside them */
   /* Attention variants (section 7a); each is off at its zero value. */
-  const float *sinks;           /* NULL, or [q_heads] in host memory: a sink logit per query head */
-  const float *alibi_slopes;    /* NULL, or [q_heads] in host memory: an ALiBi slope per query head */
+  const float *sinks;           /* NULL, or [q_heads] where `memory` says: a sink logit per query head */
+  const float *alibi_slopes;    /* NULL, or [q_heads] where `memory` says: an ALiBi slope per query head */
   uint32_t window;              /* 0, or a sliding window of this many positions */
   float softcap;                /* 0, or the logits' soft cap */
 } pkv_extend_args;

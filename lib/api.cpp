@@ -200,10 +200,11 @@ void check_attention_args(const pkv::PoolGeometry &g, uint32_t layer, uint32_t q
 }
 
 // The attention variants (pagedkv.h, section 7a), q_heads already checked: a finite softcap >= 0,
-// finite slopes >= 0 and finite sinks; any window.
-void check_variants(uint32_t q_heads, const float *sinks, const float *slopes, float softcap) {
+// finite slopes >= 0 and finite sinks (read where they are host memory); any window.
+void check_variants(uint32_t q_heads, const float *sinks, const float *slopes, float softcap, pkv_memory memory) {
   if (!(softcap >= 0.0f) || std::isinf(softcap))
     fail(PKV_ERR_INVALID_ARGUMENT, "softcap %g is not a finite value >= 0 (0: no soft-capping)", double(softcap));
+  if (memory == PKV_MEMORY_DEVICE) return;
   for (uint32_t h = 0; h < q_heads; h++) {
     if (sinks && !std::isfinite(sinks[h]))
       fail(PKV_ERR_INVALID_ARGUMENT, "sinks[%u] is %g: a sink logit is finite", h, double(sinks[h]));
@@ -215,7 +216,7 @@ void check_variants(uint32_t q_heads, const float *sinks, const float *slopes, f
 // launch: pkv_decode, which reads q and writes out; pkv_decode_prepare touches neither.
 void check_decode_args(const pkv::PoolGeometry &g, const pkv_decode_args &a, bool launch) {
   check_attention_args(g, a.layer, a.q_heads, a.scale, a.q_format, a.out_format, a.memory);
-  check_variants(a.q_heads, a.sinks, a.alibi_slopes, a.softcap);
+  check_variants(a.q_heads, a.sinks, a.alibi_slopes, a.softcap, a.memory);
   if (a.q_tokens == 0 || a.q_tokens > kMaxQueryTokens)
     fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is %u: expected 1 to %u query tokens per sequence", a.q_tokens,
          kMaxQueryTokens);
@@ -247,7 +248,7 @@ void check_mask(const pkv_extend_args &a, uint32_t b, uint32_t n) {
 
 void check_extend_args(const pkv::PoolGeometry &g, const pkv_extend_args &a) {
   check_attention_args(g, a.layer, a.q_heads, a.scale, a.q_format, a.out_format, a.memory);
-  check_variants(a.q_heads, a.sinks, a.alibi_slopes, a.softcap);
+  check_variants(a.q_heads, a.sinks, a.alibi_slopes, a.softcap, a.memory);
   if (a.count == 0) return;
   check_pointer(a.seqs, "seqs");
   check_pointer(a.q_offsets, "q_offsets");

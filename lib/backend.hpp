@@ -106,9 +106,10 @@ struct AttentionVariants {
 };
 
 // One layer's attention for a batch; sequence b's pages are the page-table row seq_slots[b]. Query
-// token t of q_tokens attends positions [starts[b], length - q_tokens + t], starts[b] being where
-// the window of the batch's first query token of the sequence begins (0 without a window): the plan
-// covers those positions, offset by starts[b] (its records' token ranges count from starts[b]).
+// token t of q_tokens attends positions [0, length - q_tokens + t] (less what its window hides). The
+// plan covers them from the page where the window of the sequence's first query token begins (0
+// without a window): its records' token ranges count from their `start`, and their `length` is the
+// sequence's length less it.
 struct DecodeBatch {
   TableUpdates table;
   uint32_t layer, count, q_heads, q_tokens;
@@ -120,7 +121,6 @@ struct DecodeBatch {
   float *lse;
   const uint32_t *seq_slots; // host, count
   const uint32_t *lengths;   // host, count
-  const uint32_t *starts;    // host, count
   AttentionVariants variants;
   const DecodeConfig *config; // the backend's, for this pool and batch shape
   const DecodePlan *plan;     // made from config.plan

@@ -27,11 +27,12 @@ struct PlanRecord {
   uint32_t part;        // where a split sequence's chunk leaves its partial result; kNoPart when the
                         // sequence has this one chunk and writes the result itself
   uint32_t slot;        // the sequence's page-table row (0 for a filler)
-  uint32_t length;      // the sequence's length (0 for a filler)
+  uint32_t length;      // the positions the plan covers of the sequence (0 for a filler)
   uint32_t first_part;  // the part of the first chunk of its sequence (and head), when split
   uint32_t siblings;    // chunks its sequence (and head) has, itself included
   uint32_t head;        // kAllHeads, or the one KV head of the item
-  uint32_t reserved[3];
+  uint32_t start;       // the sequence's position that token 0 of the ranges is (a window's first page)
+  uint32_t reserved[2];
 };
 
 // What a backend can hold of a plan: a GPU keeps plans in fixed device buffers (so a captured graph
@@ -70,12 +71,14 @@ struct PlanConfig {
 
 // A batch to plan.
 struct PlanBatch {
-  const uint32_t *lengths; // count
+  const uint32_t *lengths; // count: the positions to cover of each sequence
   const uint32_t *slots;   // count: the sequences' page-table rows, copied into the records
   uint32_t count;
   uint32_t page_size;
   uint32_t kv_heads;
   uint32_t chunk_pages; // 0: choose; UINT32_MAX: never split
+  const uint32_t *starts = nullptr; // count: where each sequence's positions start (copied into the
+                                    // records, not planned by: page-aligned), or null: all 0
 };
 
 // Two shapes. Uniform (workers 0): each sequence is cut into chunks of at most chunk_tokens, in

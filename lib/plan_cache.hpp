@@ -28,11 +28,12 @@ class PlanCache {
 
  private:
   const DecodeConfig &config(Backend &backend, const PoolGeometry &g, uint32_t rows);
+  bool same_starts(const PlanBatch &batch) const;
 
   std::vector<std::pair<uint32_t, DecodeConfig>> configs_; // by rows
   Entry entry_;
   PlanConfig planned_; // what entry_.plan was made from
-  std::vector<uint32_t> lengths_, slots_;
+  std::vector<uint32_t> lengths_, slots_, starts_;
   uint32_t chunk_pages_ = 0;
   bool valid_ = false;
 };

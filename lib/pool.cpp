@@ -354,7 +354,9 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<uint32_t> slots = resolve_batch(a.seqs, a.count, "seqs", false);
   const pkv::AttentionVariants variants = variants_of(a);
-  // The plan covers what the queries see, [starts[i], lengths[i]), as spans[i] positions.
+  // The plan covers what the queries see, from the first page a window leaves (so a chunk's pages stay
+  // whole; the backend hides what lies before the window) to the end, as spans[i] positions from
+  // starts[i].
   std::vector<uint32_t> lengths(a.count), starts(a.count), spans(a.count);
   for (uint32_t i = 0; i < a.count; i++) {
     const Sequence &s = seqs_[slots[i]];
@@ -365,6 +367,7 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
            "tokens first", i, lengths[i], a.q_tokens);
     starts[i] = uint32_t(variants.first_seen(lengths[i] - a.q_tokens));
     check_held(s, starts[i], i, "decode");
+    starts[i] -= starts[i] % geometry_.page_size; // the page holding a held position is held
     spans[i] = lengths[i] - starts[i];
   }
   pkv::Backend &backend = *ctx_->backend;
@@ -372,7 +375,7 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   const uint32_t rows = a.q_tokens * (a.q_heads / geometry_.kv_heads);
   const pkv::PlanCache::Entry &planned =
       plans_.get(backend, geometry_, rows, {spans.data(), slots.data(), a.count, geometry_.page_size,
-                                            geometry_.kv_heads, a.chunk_pages});
+                                            geometry_.kv_heads, a.chunk_pages, starts.data()});
 
   pkv::DecodeBatch batch{};
   batch.table = table_updates();
@@ -389,7 +392,6 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   batch.lse = a.lse;
   batch.seq_slots = slots.data();
   batch.lengths = lengths.data();
-  batch.starts = starts.data();
   batch.variants = variants;
   batch.config = &planned.config;
   batch.plan = &planned.plan;

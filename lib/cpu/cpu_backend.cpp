@@ -127,7 +127,7 @@ class CpuBackend final : public Backend {
         const uint64_t at = uint64_t(b.lengths[c.seq]) - b.q_tokens + t;
         sc.views[t] = {b.variants.first_seen(at), at + 1, nullptr, 0};
       }
-      const uint64_t start = b.starts[c.seq]; // the chunk's range counts from the window's start
+      const uint64_t start = c.start; // the chunk's range counts from the window's first page
       attend_.run({&g, b.layer, h, page_row(g, b.seq_slots[c.seq]), start + c.token_begin, start + c.token_end,
                    b.q_tokens, group, sc.q.data(), sc.views.data(), b.scale, b.variants.softcap,
                    b.variants.slopes ? b.variants.slopes + size_t(h) * group : nullptr,

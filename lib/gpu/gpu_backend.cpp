@@ -213,15 +213,7 @@ class GpuBackend final : public Backend {
     if (a.v) std::memcpy(a.v, rows + align16(row_bytes) - first, size_t(row_bytes));
   }
 
-  // The decode kernels run plain attention only: a batch that asks for a variant is refused first.
-  void refuse_variants(const DecodeBatch &b) const {
-    if (b.variants.any())
-      fail(PKV_ERR_UNSUPPORTED, "the %s backend's decode kernels have no sliding window / soft-capping / sinks / ALiBi "
-           "yet; the CPU backend (PKV_BACKEND=cpu) has them", dev_->name());
-  }
-
   void prepare_decode(const PoolGeometry &g, const DecodeBatch &b) override {
-    refuse_variants(b);
     Current current(rt_);
     put_plan(g, b);
   }
@@ -234,7 +226,6 @@ class GpuBackend final : public Backend {
   // Launches only, once the plan is on the device: nothing here waits for the device, allocates or
   // uploads, so the call can be captured in a graph (checked first, before anything changes).
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {
-    refuse_variants(b);
     Current current(rt_);
     const DecodeConfig &k = *b.config;
     const DecodePlan &plan = *b.plan;
@@ -273,20 +264,23 @@ class GpuBackend final : public Backend {
       counters_zero_ = true;
     }
 
+    // q, and the sinks and slopes where given, travel in one transfer from host memory.
+    const AttentionVariants &v = b.variants;
     Upload up;
     const uint64_t q_at = host ? up.add(b.q, q_bytes) : 0;
+    const uint64_t sinks_at = host && v.sinks ? up.add(v.sinks, uint64_t(b.q_heads) * 4) : 0;
+    const uint64_t slopes_at = host && v.slopes ? up.add(v.slopes, uint64_t(b.q_heads) * 4) : 0;
     const DevPtr dev = staging_.send(up);
+    auto caller_ptr = [&](const void *ptr, uint64_t at) { return !ptr ? 0 : host ? dev + at : DevPtr(uintptr_t(ptr)); };
     if (host) staging_.ensure(&decode_out_, align16(out_bytes) + heads * 4);
 
     const PlanLayout l = plan_layout(g.max_sequences, k.plan.limits.records);
     PkvDecodeParams p{};
     p.pool = pool_params(g);
     p.plan = g.plan;
-    p.seq_slots = g.plan + l.slots;
-    p.lengths = g.plan + l.lengths;
     p.records = g.plan + l.records;
     p.seq_chunks = g.plan + l.seq_chunks;
-    p.q = host ? dev + q_at : DevPtr(uintptr_t(b.q));
+    p.q = caller_ptr(b.q, q_at);
     p.out = host ? decode_out_.ptr : DevPtr(uintptr_t(b.out));
     p.lse = !b.lse ? 0 : host ? decode_out_.ptr + align16(out_bytes) : DevPtr(uintptr_t(b.lse));
     p.part_out = part_out_.ptr;
@@ -303,6 +297,11 @@ class GpuBackend final : public Backend {
     p.q_format = uint32_t(b.q_format);
     p.out_format = uint32_t(b.out_format);
     p.scale = b.scale;
+    p.window = v.window;
+    p.softcap = v.softcap;
+    p.transform = v.softcap != 0.0f || v.slopes;
+    p.sinks = caller_ptr(v.sinks, sinks_at);
+    p.slopes = caller_ptr(v.slopes, slopes_at);
 
     const Function fn = static_cast<Function>(k.kernel);
     if (tensor_core) {

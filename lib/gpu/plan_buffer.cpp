@@ -14,7 +14,7 @@ namespace {
 static_assert(sizeof(PlanRecord) == sizeof(PkvRecord) && PKV_SAME_FIELD(seq) && PKV_SAME_FIELD(token_begin) &&
                   PKV_SAME_FIELD(token_end) && PKV_SAME_FIELD(part) && PKV_SAME_FIELD(slot) &&
                   PKV_SAME_FIELD(length) && PKV_SAME_FIELD(first_part) && PKV_SAME_FIELD(siblings) &&
-                  PKV_SAME_FIELD(head),
+                  PKV_SAME_FIELD(head) && PKV_SAME_FIELD(start),
               "plan records cross to the device as they are");
 #undef PKV_SAME_FIELD
 static_assert(kNoPart == UINT32_MAX && kAllHeads == UINT32_MAX, "the kernels' markers");
@@ -23,9 +23,7 @@ static_assert(kNoPart == UINT32_MAX && kAllHeads == UINT32_MAX, "the kernels' ma
 
 PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records) {
   PlanLayout l;
-  l.slots = align16(sizeof(PkvPlanHeader));
-  l.lengths = l.slots + align16(4ull * max_sequences);
-  l.seq_chunks = l.lengths + align16(4ull * max_sequences);
+  l.seq_chunks = align16(sizeof(PkvPlanHeader));
   l.records = l.seq_chunks + align16(4ull * (max_sequences + 1));
   l.bytes = l.records + uint64_t(max_records) * sizeof(PkvRecord);
   return l;
@@ -40,8 +38,6 @@ void upload_plan(Staging &staging, const PoolGeometry &g, const DecodeBatch &b) 
   const PkvPlanHeader header{uint32_t(plan.records.size()), b.count, plan.parts, 0};
   Upload up;
   up.place(0, &header, sizeof header);
-  up.place(l.slots, b.seq_slots, uint64_t(b.count) * 4);
-  up.place(l.lengths, b.lengths, uint64_t(b.count) * 4);
   up.place(l.seq_chunks, plan.seq_chunks.data(), plan.seq_chunks.size() * 4);
   up.place(l.records, plan.records.data(), plan.records.size() * sizeof(PlanRecord));
   staging.send(up, g.plan);

@@ -1,5 +1,6 @@
-// A pool's plan buffer on the device: the header, the batch's page-table rows and lengths, its
-// sequences' chunk offsets and the plan's records, each at an offset fixed by the pool's capacity,
+// A pool's plan buffer on the device: the header, the batch's sequences' chunk offsets and the plan's
+// records (which carry their sequences' page-table rows, lengths and starts), each at an offset fixed
+// by the pool's capacity,
 // so that a captured kernel keeps finding them as batches change.
 #pragma once
 
@@ -12,7 +13,7 @@ namespace pkv {
 namespace gpu {
 
 struct PlanLayout {
-  uint64_t slots, lengths, seq_chunks, records, bytes;
+  uint64_t seq_chunks, records, bytes;
 };
 
 PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records);

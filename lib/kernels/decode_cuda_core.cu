@@ -11,6 +11,7 @@
 
 #include "compensated_sum.cuh"
 #include "device_format.cuh"
+#include "variants.cuh"
 
 using namespace pkv_dev;
 
@@ -83,7 +84,9 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
   const bool head_valid = row < p.q_tokens * group;
   const uint32_t tok = row / group, g = row % group;
   const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + g;
-  const uint32_t visible = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq] - p.q_tokens + tok + 1;
+  const uint32_t visible = c.length - p.q_tokens + tok + 1; // counted from c.start
+  const ScoreVariants vary = score_variants(p, kLog2e);
+  const float slope = head_valid ? row_slope(p, h * group + g, kLog2e) : 0.0f;
 
   // l and acc take each tile's sums with compensation (compensated_sum.cuh): a tile's few weights
   // add plainly, the running sums carry what each tile's addition lost.
@@ -96,8 +99,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
   }
   float m = -INFINITY, l = 0.0f, l_lost = 0.0f;
 
-  const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) +
-                          uint64_t(reinterpret_cast<const uint32_t *>(p.seq_slots)[c.seq]) * pool.table_stride;
+  const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) + uint64_t(c.slot) * pool.table_stride;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
   const uint32_t n = c.token_end - c.token_begin;
   const int tiles = int((n + tile_tokens - 1) / tile_tokens);
@@ -113,10 +115,11 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
         const int r = i / pieces, piece = i % pieces;
         const uint32_t t = t0 + r;
         if (t >= c.token_end) continue;
-        const uint32_t page = table[t >> pool.page_shift];
+        const uint32_t at = c.start + t;
+        const uint32_t page = table[at >> pool.page_shift];
         if (page >= pool.pages) continue; // a corrupted table must not read outside the pool (the row
                                           // then holds stale bytes: a corrupted table gives garbage, safely)
-        const uint64_t row = (uint64_t(h) << pool.page_shift) + (t & (pool.page_size - 1));
+        const uint64_t row = (uint64_t(h) << pool.page_shift) + (at & (pool.page_size - 1));
         const uint8_t *k_part = layer_base + uint64_t(page) * pool.block_bytes, *v_part = k_part + pool.k_bytes;
         uint8_t *k_row = stage + r * KRow::stride, *v_row = stage + tile_tokens * KRow::stride + r * VRow::stride;
         if (piece < k_pieces) cp_async(k_row + piece * 16, k_part + row * KRow::data + piece * 16, 16);
@@ -153,6 +156,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
 #pragma unroll
       for (int o = BDX / 2; o > 0; o /= 2) dot += shfl_xor(dot, o, BDX);
       s[i] = t < c.token_end && t < visible ? dot : -INFINITY;
+      if (vary.on && s[i] != -INFINITY) s[i] = vary_score(s[i], t, visible, slope, vary);
       tile_max = fmaxf(tile_max, s[i]);
     }
     const float m_new = fmaxf(m, tile_max);
@@ -199,6 +203,11 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
     sum += weight * sm_ml[(w * BDY + y) * 2 + 1];
 #pragma unroll
     for (int j = 0; j < VEC; j++) o[j] += weight * sm_acc[(size_t(w) * BDY + y) * D + x * VEC + j];
+  }
+  if (c.part == kNoPart) { // the sink joins the sequence's result once (the merge joins a split one's)
+    const float rescale = join_sink<true>(top, sum, row_sink(p, h * group + g, kLog2e));
+#pragma unroll
+    for (int j = 0; j < VEC; j++) o[j] *= rescale;
   }
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   const float lse = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log

@@ -7,6 +7,7 @@
 
 #include "compensated_sum.cuh"
 #include "device_format.cuh"
+#include "variants.cuh"
 
 using namespace pkv_dev;
 
@@ -31,20 +32,21 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group, g0 = blockIdx.z * T;
   const uint32_t gt = min(uint32_t(T), rows - g0);
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const uint32_t length = reinterpret_cast<const uint32_t *>(p.lengths)[c.seq];
+  const ScoreVariants vary = score_variants(p, 1.0f); // scores in natural units
 
   // l and acc carry compensation terms (Kahan): beside a dominant token's weight of 1, the weights
   // of thousands of tokens ~17 logits below (4e-8 each) fall under half an ulp and would each be
   // dropped, taking a quarter of the sum's tail and 1.7e-4 off lse at 16K tokens.
-  float q[T][NV], acc[T][NV], acc_lost[T][NV], m[T], l[T], l_lost[T];
-  uint32_t visible[T]; // positions below this are the row's context
+  float q[T][NV], acc[T][NV], acc_lost[T][NV], m[T], l[T], l_lost[T], slope[T];
+  uint32_t visible[T]; // positions below this are the row's context (counted from c.start)
 #pragma unroll
   for (int g = 0; g < T; g++) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
     l_lost[g] = 0.0f;
     const uint32_t tok = (g0 + g) / group;
-    visible[g] = length - p.q_tokens + tok + 1;
+    visible[g] = c.length - p.q_tokens + tok + 1;
+    slope[g] = g < gt ? row_slope(p, h * group + (g0 + g) % group, 1.0f) : 0.0f;
     const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
 #pragma unroll
     for (int j = 0; j < NV; j++) {
@@ -54,11 +56,11 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
     }
   }
 
-  const uint32_t *row = reinterpret_cast<const uint32_t *>(pool.table) +
-                        uint64_t(reinterpret_cast<const uint32_t *>(p.seq_slots)[c.seq]) * pool.table_stride;
+  const uint32_t *row = reinterpret_cast<const uint32_t *>(pool.table) + uint64_t(c.slot) * pool.table_stride;
   // 64-bit positions: a chunk ending within W tokens of 2^32 would wrap a 32-bit one forever.
   for (uint64_t t = c.token_begin + warp; t < c.token_end; t += W) {
-    const uint32_t page = row[t / pool.page_size], slot = uint32_t(t % pool.page_size);
+    const uint64_t at = c.start + t;
+    const uint32_t page = row[at / pool.page_size], slot = uint32_t(at % pool.page_size);
     if (page >= pool.pages) continue; // a corrupted table must not read outside the pool
     const uint8_t *kp = part(pool, p.layer, page, false), *vp = part(pool, p.layer, page, true);
     float kv[NV], vv[NV];
@@ -75,6 +77,10 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
 #pragma unroll
       for (int j = 0; j < NV; j++) s += q[g][j] * kv[j];
       s = warp_sum(s);
+      if (vary.on) {
+        s = vary_score(s, uint32_t(t), visible[g], slope[g], vary);
+        if (s == -INFINITY) continue; // the window hides it (alike in every lane)
+      }
       const float m_new = fmaxf(m[g], s);
       const float correction = expf(m[g] - m_new), w = expf(s - m_new);
       compensated_step(l[g], l_lost[g], correction, w);
@@ -106,6 +112,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
       sum += weight * sm_l[w][g];
       o += weight * sm_acc[w][g][d];
     }
+    if (single) o *= join_sink<false>(top, sum, row_sink(p, h * group + (g0 + g) % group, 1.0f)); // once a row
     const float value = sum > 0.0f ? o / sum : 0.0f, lse = sum > 0.0f ? top + logf(sum) : -INFINITY;
     const uint32_t tok = (g0 + g) / group;
     const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
@@ -147,16 +154,17 @@ extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
   const float *part_out = reinterpret_cast<const float *>(p.part_out);
   const PkvRecord *chunks = reinterpret_cast<const PkvRecord *>(p.records);
   auto part = [&](uint32_t c) { return (uint64_t(chunks[c].part) * p.q_tokens + tok) * p.q_heads + qh; };
-  float top = -INFINITY;
-  for (uint32_t c = c0; c < c1; c++) top = fmaxf(top, part_lse[part(c)]);
+  float first_top = -INFINITY;
+  for (uint32_t c = c0; c < c1; c++) first_top = fmaxf(first_top, part_lse[part(c)]);
   for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float sum = 0.0f, o = 0.0f;
+    float top = first_top, sum = 0.0f, o = 0.0f;
     for (uint32_t c = c0; c < c1; c++) {
       const float lse = part_lse[part(c)];
       const float w = lse == -INFINITY ? 0.0f : expf(lse - top);
       sum += w;
       o += w * part_out[part(c) * D + d];
     }
+    o *= join_sink<false>(top, sum, row_sink(p, qh, 1.0f)); // the chunks' partials hold none
     const uint64_t i = uint64_t(blockIdx.x) * p.q_heads + qh;
     store_io(p.out_format, reinterpret_cast<void *>(p.out), i * D + d, sum > 0.0f ? o / sum : 0.0f);
     if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[i] = sum > 0.0f ? top + logf(sum) : -INFINITY;

@@ -160,12 +160,14 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       }
     };
 
-    // Positions each of this thread's two rows sees.
-    uint32_t visible[T::TROWS];
+    // Positions each of this thread's rows sees (counted from c.start), and their variants.
+    RowLimits<T::TROWS> limits;
+    limits.vary = score_variants(p, kLog2e);
 #pragma unroll
     for (int i = 0; i < T::TROWS; i++) {
-      const uint32_t r = mt * ROWS + T::row_of_thread(lane, i), tok = (z * block_rows + r) / group;
-      visible[i] = row_valid(r) ? length - p.q_tokens + tok + 1 : 0;
+      const uint32_t r = mt * ROWS + T::row_of_thread(lane, i), row = z * block_rows + r;
+      limits.visible[i] = row_valid(r) ? length - p.q_tokens + row / group + 1 : 0;
+      limits.slope[i] = row_valid(r) ? row_slope(p, h * group + row % group, kLog2e) : 0.0f;
     }
 
     const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) + uint64_t(c.slot) * pool.table_stride;
@@ -176,12 +178,13 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     // `in_chunk`: the tile is whole and in the chunk.
     auto page_of = [&](int tile, bool in_chunk) {
       const uint32_t t = c.token_begin + tile * TILE + my_token;
-      return in_chunk || (tile < tiles && t < c.token_end) ? table[t >> pool.page_shift] : pool.pages;
+      return in_chunk || (tile < tiles && t < c.token_end) ? table[(c.start + t) >> pool.page_shift] : pool.pages;
     };
     auto locate = [&](int tile, uint32_t page) {
       const uint32_t t = c.token_begin + tile * TILE + my_token, first = t - uint32_t(my_token) % 8, in_page = pool.page_size - 1;
       const bool valid = page < pool.pages;
-      // The eighth's rows share this row's page (and so its validity) when they share its page index.
+      // The eighth's rows share this row's page (and so its validity) when they share its page index
+      // (c.start is a page's first position).
       const bool eighth = (KB || VB) && valid && first + 7 < c.token_end && (first & in_page) + 7 <= in_page;
       return StageRow{layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0),
                       (h << pool.page_shift) + (t & in_page), valid + 2u * eighth}; // kNone, kRow or kEighth
@@ -325,16 +328,24 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       const uint32_t t_warp = c.token_begin + tile * TILE + T::Tok::warp_first(slice);
       if constexpr (T::GROUPED)
         acc.template stage<!plain>(K::warp_rows(stage, slice), stage + K::bytes, q_frag, group_scratch, t_warp,
-                                   c.token_end, visible, lane, warp);
+                                   c.token_end, limits, lane, warp);
       else
         acc.template stage<!plain>(K::warp_rows(stage, slice), V::warp_rows(stage + K::bytes, slice), q_frag,
-                                   q_scale_sm, qp, t_warp, c.token_end, visible, lane);
+                                   q_scale_sm, qp, t_warp, c.token_end, limits, lane);
       if (my_token >= 0) stage_rows[slot][my_token] = locate(tile + M::NS, next_page);
       if constexpr (KB || VB) fence_proxy_async();
       if constexpr (!T::GROUPED) sync_rows(); // the stage is refilled next
       last = slot, slot = slot + 1 == M::NS ? 0 : slot + 1;
     };
+    // Rounds that mask: the last NS + 1 (the chunk's end), every one where scores change (soft cap,
+    // ALiBi), and those holding the positions a window may hide: c.start is the window's first page
+    // for the sequence's first query token, a later one's starts up to q_tokens - 1 positions on.
+    const uint32_t window_edge = p.window ? pool.page_size + p.q_tokens - 1 : 0;
+    const int masked_head = p.transform                       ? tiles
+                            : window_edge > c.token_begin ? min(tiles, int((window_edge - c.token_begin + TILE - 1) / TILE))
+                                                          : 0;
     int tile = 0;
+    for (; tile < masked_head; tile++) round(tile, std::false_type{});
     for (; tile + M::NS + 1 < tiles; tile++) round(tile, std::true_type{});
     for (; tile < tiles; tile++) round(tile, std::false_type{});
     cp_async_wait<0>();
@@ -376,8 +387,10 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         weight[w] = top == -INFINITY ? 0.0f : exp2f(cm[(w0 + w) * ROWS + r] - top);
         sum += weight[w] * cl[(w0 + w) * ROWS + r];
       }
+      // The sink joins the sequence's result once: here where it has one chunk, else in the merge.
+      const float rescale = split ? 1.0f : join_sink<true>(top, sum, row_sink(p, uint32_t(q_head(tid) % p.q_heads), kLog2e));
 #pragma unroll
-      for (int w = 0; w < WARPS; w++) cm[(w0 + w) * ROWS + r] = sum > 0.0f ? weight[w] / sum : 0.0f;
+      for (int w = 0; w < WARPS; w++) cm[(w0 + w) * ROWS + r] = sum > 0.0f ? weight[w] * rescale / sum : 0.0f;
       cl[w0 * ROWS + r] = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log
     }
     __syncthreads();
@@ -492,7 +505,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
             __syncthreads(); // the next batch overwrites lse_sm
           }
           if (!mine) return;
-          const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+          const float rescale = join_sink<false>(top, sum, row_sink(p, uint32_t(head % p.q_heads), 1.0f)); // once a row
+          const float inv = sum > 0.0f ? rescale / sum : 0.0f;
 #pragma unroll
           for (uint32_t j = 0; j < E; j++) {
             const uint32_t d = (j0 + j * per_row) * 4;

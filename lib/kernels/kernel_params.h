@@ -80,11 +80,12 @@ typedef struct PkvRecord {
   uint32_t part; /* a split sequence's partial-result slot; UINT32_MAX: the sequence's only chunk */
   /* The sequence's own, repeated in each of its chunks so that a block reads its item in one go: */
   uint32_t slot;       /* page-table row */
-  uint32_t length;
+  uint32_t length;     /* the positions from `start` the plan covers */
   uint32_t first_part; /* part of the first chunk of the sequence (and head), when split */
   uint32_t siblings;   /* how many chunks the sequence (and head) has */
   uint32_t head;       /* the KV head (tensor-core kernel); UINT32_MAX: every one */
-  uint32_t reserved[3];
+  uint32_t start;      /* the sequence's position of token 0: token t lies at position start + t */
+  uint32_t reserved[2];
 } PkvRecord;
 
 /* The start of a pool's plan buffer. The arrays after it sit at offsets fixed by the pool's capacity
@@ -98,8 +99,6 @@ typedef struct PkvPlanHeader {
 typedef struct PkvDecodeParams {
   PkvPool pool;
   uint64_t plan;       /* PkvPlanHeader, in the pool's plan buffer */
-  uint64_t seq_slots;  /* uint32_t [count]: page-table row of each sequence */
-  uint64_t lengths;    /* uint32_t [count] */
   uint64_t records;    /* PkvRecord [n_records] */
   uint64_t seq_chunks; /* uint32_t [count + 1] */
   uint64_t q, out, lse;
@@ -113,7 +112,12 @@ typedef struct PkvDecodeParams {
   float scale;
   uint32_t mtiles;     /* tensor-core kernel: tiles of PKV_MMA_ROWS query rows a block serves, 1 or 2 */
   uint32_t q_aligned;  /* q is 16-byte aligned: rows are read 16 bytes at a time */
-  uint32_t reserved;
+  /* The attention variants (pagedkv.h section 7a; lib/kernels/variants.cuh), each off at zero: */
+  uint32_t window;     /* a query at position P sees (P - window, P] */
+  float softcap;       /* s = softcap * tanh(s / softcap) */
+  uint32_t transform;  /* 1: window, softcap or slopes change scores (every round masks) */
+  uint64_t sinks;      /* float [q_heads] on the device: a sink logit per query head */
+  uint64_t slopes;     /* float [q_heads] on the device: an ALiBi slope per query head */
 } PkvDecodeParams;
 
 /* A read-only pass over `bytes` (a multiple of 16) for the bandwidth measurement. */

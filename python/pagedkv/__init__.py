@@ -434,19 +434,26 @@ class Pool:
     @staticmethod
     def _variants(args: Any, q_heads: int, window: int, softcap: float, sinks: Any, alibi_slopes: Any) -> list:
         """Sets the attention variants' fields of decode or extend args (pagedkv.h, section 7a);
-        returns the float32 arrays they point into, to be kept alive over the call."""
-        import numpy as np
-
+        returns the float32 arrays they point into, to be kept alive over the call. sinks and
+        alibi_slopes live where q does (args.memory): host values (numpy, lists, CPU tensors) with host
+        q, float32 tensors on q's device with device q."""
         args.window, args.softcap = window, softcap
         kept = []
         for name, values in (("sinks", sinks), ("alibi_slopes", alibi_slopes)):
             if values is None:
                 continue
-            a = np.ascontiguousarray(np.asarray(values, np.float32))
-            if a.shape != (q_heads,):
-                raise ValueError(f"{name} has shape {a.shape}: expected one value per query head, ({q_heads},)")
-            setattr(args, name, a.ctypes.data_as(ctypes.POINTER(_ffi.F32)))
-            kept.append(a)
+            if not _is_torch(values):
+                import numpy as np
+
+                values = np.asarray(values, np.float32)
+            b = _buffer(values, name, fmt=Format.F32)
+            if b.shape != (q_heads,):
+                raise ValueError(f"{name} has shape {b.shape}: expected one value per query head, ({q_heads},)")
+            if (b.memory == Memory.DEVICE) != (args.memory == Memory.DEVICE):
+                raise ValueError(f"{name} must be where q is: " + ("on its device" if args.memory == Memory.DEVICE
+                                                                    else "in host memory"))
+            setattr(args, name, ctypes.cast(ctypes.c_void_p(b.ptr), ctypes.POINTER(_ffi.F32)))
+            kept.append(b.array)
         return kept
 
     def _decode_args(self, layer: int, seqs: SequenceT["Sequence"], q: Any, out: Any, lse: Any, scale: float,
@@ -473,7 +480,7 @@ class Pool:
         the array given), or (out, lse) when lse is True or an array (float32, q's shape without
         head_dim). scale 0 means 1/sqrt(head_dim). A sequence may appear more than once. The
         variants (pagedkv.h, section 7a; each off at its default): window (positions), softcap, sinks
-        and alibi_slopes (one value per query head each; the CPU backend runs them)."""
+        and alibi_slopes (one value per query head each, where q is)."""
         args, _q, ob, lb = self._decode_args(layer, seqs, q, out, lse, scale, chunk_pages)
         _kept = self._variants(args, args.q_heads, window, softcap, sinks, alibi_slopes)
         _call("pkv_decode", self._handle(), ctypes.byref(args))

@@ -12,8 +12,8 @@
  * are poisoned with NaN first and compared, on both pools, with the float64 oracle of the values the
  * test wrote; errors are measured relative to max(|ref|, sum_t p_t |v_t|). Where the backend under
  * test is the CPU too, its results must be the reference's bits (it plans alike for any thread
- * count), and a third of the decodes ask for attention variants (a window, a soft-cap, sinks, small
- * ALiBi slopes; pagedkv.h, section 7a), which the GPU backends do not run.
+ * count). A third of the decodes ask for attention variants (a window, a soft-cap, sinks, small
+ * ALiBi slopes; pagedkv.h, section 7a).
  *
  * PKV_TEST_SEED fixes the seed; PKV_DIFF_SCENARIOS (default 150) and PKV_DIFF_SECONDS (default 60:
  * no new scenario starts after that) bound the run; PKV_DIFF_SCENARIO=k runs scenario k of the seed
@@ -415,7 +415,7 @@ static void draw_call_args(scenario *s, world *w, decode_call *c) {
   c->q_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
   c->out_format = io_formats[tu_below(&s->rng, TU_COUNT(io_formats))];
   c->with_lse = tu_below(&s->rng, 4) != 0;
-  if (!g_target_is_cpu || c->q_heads > MAX_VARIANT_HEADS || tu_below(&s->rng, 3) != 0) return;
+  if (c->q_heads > MAX_VARIANT_HEADS || tu_below(&s->rng, 3) != 0) return;
   /* Each variant half the time; slopes small enough that the bias over thousands of positions stays
    * within float32's precision at the oracle's tolerance. */
   if (tu_below(&s->rng, 2)) c->window = 1 + tu_below(&s->rng, 4 * w->desc.page_size + 64);

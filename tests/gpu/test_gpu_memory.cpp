@@ -394,6 +394,18 @@ void captured_decode_replays_after_the_batch_grows(void **) {
       pu_decode_args(0, seqs, B, Q, mem.upload(q.data(), out_n * 4), direct_out, static_cast<float *>(direct_lse));
   a.q_tokens = T;
   a.memory = PKV_MEMORY_DEVICE;
+  // The attention variants, each half the time, the sinks and slopes in device memory as an engine
+  // holds a model's weights: the graph reads them in place.
+  std::vector<float> sinks(Q), slopes(Q);
+  tu_fill_uniform(&rng, sinks.data(), Q, -3, 3);
+  tu_fill_uniform(&rng, slopes.data(), Q, 0, 0.02);
+  if (tu_below(&rng, 2)) a.sinks = static_cast<const float *>(mem.upload(sinks.data(), Q * 4));
+  if (tu_below(&rng, 2)) a.alibi_slopes = static_cast<const float *>(mem.upload(slopes.data(), Q * 4));
+  if (tu_below(&rng, 2)) a.window = 1 + tu_below(&rng, 700);
+  if (tu_below(&rng, 2)) a.softcap = float(tu_uniform(&rng, 1, 30));
+  print_message("sinks %d, slopes %d, window %u, softcap %g\n", a.sinks != nullptr, a.alibi_slopes != nullptr,
+                a.window, double(a.softcap));
+  std::vector<float> host_out(out_n), host_lse(lse_n);
 
   // Capture both layers' decode. The shape is decoded once first (scratch buffers are sized on first
   // use), then prepared.
@@ -440,6 +452,15 @@ void captured_decode_replays_after_the_batch_grows(void **) {
           std::memcmp(mem.download<float>(graph_lse[layer], lse_n).data(),
                       mem.download<float>(direct_lse, lse_n).data(), lse_n * 4) != 0)
         fail_msg("round %d layer %u: the replayed decode differs from a direct decode", round, layer);
+      // From host memory (q, sinks and slopes sent with the call) the same kernels give the same bits.
+      pkv_decode_args h = a;
+      h.memory = PKV_MEMORY_HOST;
+      h.q = q.data(), h.out = host_out.data(), h.lse = host_lse.data();
+      h.sinks = a.sinks ? sinks.data() : nullptr, h.alibi_slopes = a.alibi_slopes ? slopes.data() : nullptr;
+      CHECK_OK(pkv_decode(pool, &h));
+      if (std::memcmp(host_out.data(), got.data(), out_n * 4) != 0 ||
+          std::memcmp(host_lse.data(), mem.download<float>(direct_lse, lse_n).data(), lse_n * 4) != 0)
+        fail_msg("round %d layer %u: a decode from host memory differs from the one from device memory", round, layer);
       // Poisoned again for the next replay.
       check_cu(*cu, cu->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(graph_out[layer]), poison.data(), out_n * 4,
                                           stream), "cuMemcpyHtoDAsync");

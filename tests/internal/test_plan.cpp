@@ -331,24 +331,27 @@ class ConfigBackend final : public Backend {
 };
 
 // The cache asks the backend once per shape; its plan stays resident while nothing it was made from
-// changes (lengths, page-table rows, chunk size, the configuration's plan part), and is the plan
-// make_plan makes.
+// changes (lengths, page-table rows, starts, chunk size, the configuration's plan part), and is the
+// plan make_plan makes, its records carrying the starts.
 void test_cache_reuses_same_batch(void **) {
   Batch b{{1000, 70000, 0, 5}, 16, 8, 264};
-  std::vector<uint32_t> slots = {3, 1, 4, 2};
+  std::vector<uint32_t> slots = {3, 1, 4, 2}, starts = {0, 0, 0, 0};
   ConfigBackend backend;
   backend.plan = config(b, PlanLimits{}, Balance::never);
   const PoolGeometry g{};
   PlanCache cache;
   auto get = [&](uint32_t rows, uint32_t chunk_pages) -> const PlanCache::Entry & {
-    return cache.get(backend, g, rows, {b.lengths.data(), slots.data(), 4, b.page_size, b.kv_heads, chunk_pages});
+    return cache.get(backend, g, rows,
+                     {b.lengths.data(), slots.data(), 4, b.page_size, b.kv_heads, chunk_pages, starts.data()});
   };
   auto expect_resident = [&](uint32_t rows, uint32_t chunk_pages, bool resident) {
     const PlanCache::Entry &e = get(rows, chunk_pages);
     assert_int_equal(e.resident, resident);
     assert_int_equal(e.config.row_tiles, rows);
     b.slots = slots;
-    const DecodePlan fresh = plan_of(b, chunk_pages, PlanLimits{});
+    DecodePlan fresh = plan_of(b, chunk_pages, PlanLimits{});
+    for (PlanRecord &r : fresh.records)
+      if (r.seq != kNoSeq) r.start = starts[r.seq];
     assert_int_equal(e.plan.records.size(), fresh.records.size());
     assert_memory_equal(e.plan.records.data(), fresh.records.data(), fresh.records.size() * sizeof(PlanRecord));
     cache.set_resident(true);
@@ -364,6 +367,9 @@ void test_cache_reuses_same_batch(void **) {
   expect_resident(4, 0, false);
   std::swap(slots[0], slots[2]);
   expect_resident(4, 0, false);
+  expect_resident(4, 4, false);
+  expect_resident(4, 4, true);
+  starts[1] = 32; // a window moved on
   expect_resident(4, 4, false);
   expect_resident(4, 4, true);
   // A failed backend call leaves the plan buffer unknown.

@@ -1,7 +1,8 @@
 // The GPU backend's host code on a stand-in device (host memory; kernels launched into nothing):
 // what pkv_decode_prepare puts into the pool's plan buffer, read back and checked against the
-// contract the kernels read it by (lib/kernels/kernel_params.h): the header, the batch's page-table rows
-// and lengths, and records that cover every (sequence, KV head)'s context exactly once, in parts
+// contract the kernels read it by (lib/kernels/kernel_params.h): the header, and records that carry
+// their sequences' page-table rows, lengths and starts and cover every (sequence, KV head)'s context
+// exactly once, in parts
 // numbered as the merge expects, byte for byte the planner's records. Uniform and balanced plans,
 // fillers included, for the tensor-core kernel (a record per KV head) and the CUDA-core kernel (a
 // record per chunk); every transfer must stay inside the allocation it writes, as a real device
@@ -84,9 +85,10 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
   config.plan.balance = balance;
   assert_int_equal(config.plan.record_per_head, per_head);
   // Page-table rows in no particular order, none the batch index.
-  std::vector<uint32_t> slots(count);
-  for (uint32_t i = 0; i < count; i++) slots[i] = (7 * i + 3) % kMaxSequences;
-  const DecodePlan plan = make_plan(config.plan, {lengths.data(), slots.data(), count, g.page_size, g.kv_heads, 0});
+  std::vector<uint32_t> slots(count), starts(count);
+  for (uint32_t i = 0; i < count; i++) slots[i] = (7 * i + 3) % kMaxSequences, starts[i] = (i % 5) * g.page_size;
+  const DecodePlan plan =
+      make_plan(config.plan, {lengths.data(), slots.data(), count, g.page_size, g.kv_heads, 0, starts.data()});
   if ((balance == Balance::never) != (plan.workers == 0))
     fail_msg("kv_heads %u, head_dim %u, %zu sequences (the first %u tokens): a %s plan where a %s one was asked for",
              g.kv_heads, g.head_dim, lengths.size(), lengths[0], plan.workers ? "balanced" : "uniform",
@@ -108,10 +110,8 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
     fail_msg("prepare_decode of %zu records: %s", plan.records.size(), e.message.c_str());
   }
 
-  // The buffer's arrays at the offsets its capacity fixes: header, slots, lengths, sequence
-  // offsets, records.
-  const uint64_t at_slots = align16(sizeof(PkvPlanHeader)), at_lengths = at_slots + align16(4 * kMaxSequences);
-  const uint64_t at_seq_chunks = at_lengths + align16(4 * kMaxSequences);
+  // The buffer's arrays at the offsets its capacity fixes: header, sequence offsets, records.
+  const uint64_t at_seq_chunks = align16(sizeof(PkvPlanHeader));
   const uint64_t at_records = at_seq_chunks + align16(4 * (kMaxSequences + 1));
   const uint8_t *buffer = s.device->at(g.plan, at_records);
   assert_non_null(buffer);
@@ -120,8 +120,6 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
   assert_int_equal(header.count, count);
   assert_int_equal(header.parts, plan.parts);
   assert_int_equal(header.n_records, per_head && !plan.workers ? plan.chunks() * g.kv_heads : plan.chunks());
-  assert_memory_equal(buffer + at_slots, slots.data(), 4 * count);
-  assert_memory_equal(buffer + at_lengths, lengths.data(), 4 * count);
   const uint8_t *record_bytes = s.device->at(g.plan + at_records, uint64_t(header.n_records) * sizeof(PkvRecord));
   assert_non_null(record_bytes);
   std::vector<PkvRecord> records(header.n_records);
@@ -142,6 +140,7 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
     assert_true(r.seq < count);
     assert_int_equal(r.slot, slots[r.seq]);
     assert_int_equal(r.length, lengths[r.seq]);
+    assert_int_equal(r.start, starts[r.seq]);
     if (per_head) assert_true(r.head < g.kv_heads);
     else assert_int_equal(r.head, kAllHeads);
     by_pair[size_t(r.seq) * heads + (per_head ? r.head : 0)].push_back(r);

@@ -3,6 +3,7 @@
 #include "pools.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <new>
 
 namespace bench {
@@ -21,8 +22,9 @@ struct DecodePool {
   PoolGuard pool;
   std::vector<pkv_seq> seqs;
   std::vector<uint16_t> q, out;
-  BenchDevice *dev = nullptr; // q and out live on it when set, as an engine's would
-  void *dev_q = nullptr, *dev_out = nullptr;
+  std::vector<float> sinks, slopes; // Variant::scores
+  BenchDevice *dev = nullptr; // q, out, sinks and slopes live on it when set, as an engine's would
+  void *dev_q = nullptr, *dev_out = nullptr, *dev_sinks = nullptr, *dev_slopes = nullptr;
 
   DecodePool() = default;
   DecodePool(const DecodePool &) = delete;
@@ -31,13 +33,15 @@ struct DecodePool {
     if (!dev) return;
     dev->release(dev_q);
     dev->release(dev_out);
+    dev->release(dev_sinks);
+    dev->release(dev_slopes);
   }
   pkv_decode_args args = PKV_DECODE_ARGS_INIT;
   uint32_t b = 0, copies = 0;
   uint64_t bytes = 0; // the pool's size
 
   void build(Env &e, const Workload &w, const std::vector<uint32_t> &lens, uint32_t n_copies, uint32_t seed,
-             uint64_t reserved, uint32_t chunk_pages) {
+             uint64_t reserved, uint32_t chunk_pages, Variant variant) {
     const Shape &s = *w.shape;
     b = (uint32_t)lens.size();
     copies = n_copies;
@@ -62,6 +66,17 @@ struct DecodePool {
     args.memory = PKV_MEMORY_HOST;
     args.q = q.data();
     args.out = out.data();
+    if (variant == Variant::scores) {
+      // Gemma 2's cap; ALiBi's geometric slopes 2^(-8 h / H); sinks as a model's learned logits.
+      args.softcap = 50.0f;
+      for (uint32_t h = 0; h < s.hq; h++) {
+        slopes.push_back(std::exp2(-8.0f * float(h + 1) / float(s.hq)));
+        sinks.push_back(float(h % 5) - 2.0f);
+      }
+      args.sinks = sinks.data();
+      args.alibi_slopes = slopes.data();
+    }
+    if (variant == Variant::window4K) args.window = kBenchWindow;
     if (e.dev) {
       dev = e.dev.get();
       dev_q = dev->alloc(q.size() * 2);
@@ -70,6 +85,14 @@ struct DecodePool {
       args.memory = PKV_MEMORY_DEVICE;
       args.q = dev_q;
       args.out = dev_out;
+      if (!sinks.empty()) {
+        dev_sinks = dev->alloc(sinks.size() * 4);
+        dev_slopes = dev->alloc(slopes.size() * 4);
+        dev->upload(dev_sinks, sinks.data(), sinks.size() * 4);
+        dev->upload(dev_slopes, slopes.data(), slopes.size() * 4);
+        args.sinks = static_cast<const float *>(dev_sinks);
+        args.alibi_slopes = static_cast<const float *>(dev_slopes);
+      }
     }
     call(e, 0); // on the empty sequences: an unsupported call is reported before the fill
     for (size_t i = 0; i < seqs.size(); i++) fill_seq(e, pool.p, seqs[i], lens[i], (size_t)s.hkv * s.d, copies);
@@ -93,23 +116,32 @@ struct DecodePool {
 } // namespace
 
 // The paged pool and the baseline pool are built side by side and their calls interleaved, so a
-// disturbance during the run (another process, clock changes) touches both alike.
+// disturbance during the run (another process, clock changes) touches both alike. A row with
+// attention variants has the plain decode of the same paged batch for its baseline; a window's
+// bytes are those its queries see.
 DecodeResult measure_decode(Env &e, const Workload &w) {
   DecodeResult r;
   r.w = &w;
   uint64_t per_token = token_bytes(*w.shape, w.fmt->k, w.fmt->v);
   uint32_t longest = *std::max_element(w.lens.begin(), w.lens.end());
-  r.bytes = sum_of(w.lens) * per_token;
-  r.base_bytes = (uint64_t)w.lens.size() * longest * per_token;
+  const bool variant = w.variant != Variant::none;
+  r.bytes = r.base_bytes = sum_of(w.lens) * per_token;
+  if (w.variant == Variant::window4K) {
+    r.bytes = 0;
+    for (uint32_t l : w.lens) r.bytes += std::min(l, kBenchWindow) * per_token;
+  }
+  if (!variant) r.base_bytes = (uint64_t)w.lens.size() * longest * per_token;
   measure_row(r, [&] {
-    if (r.bytes > 40000000000ull) throw Skipped("over 40 GB of K/V");
-    r.copies = copies_for(e, r.bytes);
+    const uint64_t pool_bytes = sum_of(w.lens) * per_token; // a window's pool holds every position
+    if (pool_bytes > 40000000000ull) throw Skipped("over 40 GB of K/V");
+    r.copies = copies_for(e, pool_bytes);
     DecodePool paged, base;
-    paged.build(e, w, w.lens, r.copies, kPagedSeed, 0, e.chunk_pages);
+    paged.build(e, w, w.lens, r.copies, kPagedSeed, 0, e.chunk_pages, w.variant);
     try { // baseline: every sequence padded to the longest, identity page order, contiguous
       r.base_copies = copies_for(e, r.base_bytes);
       // The planner's split: a forced one (--chunk-pages) is compared against the reference.
-      base.build(e, w, std::vector<uint32_t>(w.lens.size(), longest), r.base_copies, 0, paged.bytes, 0);
+      if (variant) base.build(e, w, w.lens, r.base_copies, kPagedSeed, paged.bytes, e.chunk_pages, Variant::none);
+      else base.build(e, w, std::vector<uint32_t>(w.lens.size(), longest), r.base_copies, 0, paged.bytes, 0, Variant::none);
     } catch (const Skipped &x) {
       r.base_reason = x.what();
       base.pool.close();

@@ -70,6 +70,9 @@ std::vector<Tmpl> full_matrix() {
       {"page-size-%s", {"8x32K"}, GQA4, ALL_FORMATS, {8, 16, 32, 64, 128}, {1},
        "default run: page-size-1x4K, f16"},
       {"spec-verify-%s", {"8x32K"}, GQA4, ALL_FORMATS, {16}, {2, 4, 8}, "default run: spec-verify-8x4K, f16"},
+      {"variants-%s", {"8x32K", "1x128K"}, GQA4, F16 | QUANT, {16}, {1, 8}, "default run: variants-1x4K, f16",
+       Variant::scores},
+      {"window4K-%s", {"8x32K", "1x128K"}, GQA4, F16, {16}, {1}, "default run: window4K-1x16K", Variant::window4K},
   };
 }
 
@@ -82,6 +85,8 @@ std::vector<Tmpl> cpu_matrix() {
       {"ragged-serving-small", {"16~16..2K"}, GQA4, F16, {16}, {1}, ""},
       {"page-size-%s", {"1x4K"}, GQA4, F16, {8, 16, 32, 64, 128}, {1}, ""},
       {"spec-verify-%s", {"8x4K"}, GQA4, F16, {16}, {2, 4, 8}, ""},
+      {"variants-%s", {"1x4K"}, GQA4, F16, {16}, {1}, "", Variant::scores},
+      {"window4K-%s", {"1x16K"}, GQA4, F16, {16}, {1}, "", Variant::window4K},
   };
 }
 
@@ -109,6 +114,7 @@ std::vector<Workload> expand(const std::vector<Tmpl> &tmpls) {
               w.qtok = q;
               w.lens = batch_notation::parse_batch(batch);
               w.cpu_note = t.cpu_note;
+              w.variant = t.variant;
               w.id = w.name + "/" + w.shape->name + "/" + w.fmt->name + strf("/p%u", page);
               out.push_back(w);
             }

@@ -31,6 +31,13 @@ uint64_t token_bytes(const Shape &s, pkv_format k, pkv_format v);
 // The format of queries and outputs: BF16 for BF16 pools, F16 otherwise.
 pkv_format io_format(const Formats &f);
 
+// The attention variants (pagedkv.h, section 7a) a decode row asks for: none; `scores`, every one
+// that changes scores or the softmax (Gemma 2's soft cap of 50, ALiBi slopes, a sink a head); or a
+// window of 4096 positions alone. A row with variants is measured against the plain decode of the
+// same paged batch.
+enum class Variant { none, scores, window4K };
+constexpr uint32_t kBenchWindow = 4096;
+
 // Batches are written in tools/batch_notation.hpp ("8x4K", "1x4K+7x256", "32~16..4K").
 struct Tmpl {
   const char *name;                 // "%s" is replaced by the batch
@@ -39,6 +46,7 @@ struct Tmpl {
   std::vector<uint32_t> pages;      // page sizes
   std::vector<uint32_t> qtokens;    // query tokens per sequence
   const char *cpu_note;             // full matrix: what the default (CPU) run does instead
+  Variant variant = Variant::none;
 };
 
 // The whole matrix: what a GPU runs (--full).
@@ -53,6 +61,7 @@ struct Workload {
   uint32_t page, qtok;
   std::vector<uint32_t> lens;
   const char *cpu_note;
+  Variant variant;
 };
 
 std::vector<Workload> expand(const std::vector<Tmpl> &tmpls);

@@ -3,6 +3,7 @@
 
 #include <math.h>
 
+#include "../variants.cuh"
 #include "common.cuh"
 
 namespace pkv_mma {
@@ -17,7 +18,8 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 // Online softmax over a warp's 16 tokens of a stage, NE scores a thread: score e belongs to the
 // thread's row row_of(e) (of NR) and to token token_of(e). MASK: hides what a row may not see (tokens
-// past the chunk, past a speculative token's position, every token from a padding row), and leaves
+// past the chunk, past a speculative token's position or before its window, every token from a
+// padding row) and applies the variants that change scores (RowLimits::score), and leaves
 // the weights P = 2^(s - m) in s. LAZY: a row's base m moves only when a score passes it, to that
 // stage's max (`reduce` takes the max over the lanes that share the row) plus kMaxSlack; else it is
 // the running max, reduced every stage. The output is rescaled through rescale(correction) when a
@@ -26,8 +28,24 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // correction, only a vote before them (where a stage's time is its serial chain, as in the float
 // narrow tile at one block a multiprocessor, that measured 1-2% slower than reducing every stage).
 constexpr float kMaxSlack = 1.0f; // log2 units
+
+// What a thread's NR query rows see: the positions below visible[i] (counted from the plan's start),
+// and what changes their scores (variants.cuh; log2 units): each row's ALiBi slope, the call's window
+// and soft cap.
+template <int NR> struct RowLimits {
+  uint32_t visible[NR];
+  float slope[NR];
+  ScoreVariants vary;
+
+  // Score s of token t for row i, -inf where the row does not see t.
+  __device__ __forceinline__ float score(int i, uint32_t t, uint32_t token_end, float s) const {
+    if (!(t < token_end && t < visible[i])) return -INFINITY;
+    return vary.on ? vary_score(s, t, visible[i], slope[i], vary) : s;
+  }
+};
+
 template <bool MASK, bool LAZY, int NE, int NR, class RowOf, class TokenOf, class Reduce, class Rescale>
-__device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[NR], float (&l)[NR], const uint32_t (&visible)[NR],
+__device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[NR], float (&l)[NR], const RowLimits<NR> &limits,
                                                uint32_t token_end, RowOf row_of, TokenOf token_of, Reduce reduce,
                                                Rescale rescale) {
   float tile_max[NR];
@@ -36,10 +54,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[NR], f
   for (int i = 0; i < NR; i++) tile_max[i] = -INFINITY;
 #pragma unroll
   for (int e = 0; e < NE; e++) {
-    if (MASK) {
-      const uint32_t t = token_of(e);
-      s[e] = t < token_end && t < visible[row_of(e)] ? s[e] : -INFINITY;
-    }
+    if (MASK) s[e] = limits.score(row_of(e), token_of(e), token_end, s[e]);
     tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
   }
 #pragma unroll

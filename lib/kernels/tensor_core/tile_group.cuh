@@ -66,7 +66,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Group : TileBase<D, KF, VF> {
 
   template <bool MASK>
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_part, const uint32_t *q_frag, uint8_t *scratch,
-                        uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[TROWS], int lane, int warp) {
+                        uint32_t t_warp, uint32_t token_end, const RowLimits<TROWS> &limits, int lane, int warp) {
     const int gid = lane / 4, tig = lane % 4;
     float acc[NT][4]; // the first k-step's MMA overwrites it
     {
@@ -103,10 +103,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Group : TileBase<D, KF, VF> {
 #pragma unroll
     for (int e = 0; e < 4 * NT; e++) {
       s[e] = acc[e / 4][e % 4];
-      if (MASK) {
-        const uint32_t t = t_warp + gid + 8 * (e % 4 / 2);
-        s[e] = t < token_end && t < visible[row_of(e)] ? s[e] : -INFINITY;
-      }
+      if (MASK) s[e] = limits.score(row_of(e), t_warp + gid + 8 * (e % 4 / 2), token_end, s[e]);
       tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
     }
     bool passed = false;

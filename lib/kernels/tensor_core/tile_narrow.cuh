@@ -46,7 +46,7 @@ template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, K
 
   template <bool MASK>
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
-                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[TROWS],
+                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const RowLimits<TROWS> &limits,
                         int lane) {
     const int gid = lane / 4, tig = lane % 4;
     auto krow = [&](int r, int h) { return K::row(k_rows, r, h); };
@@ -112,7 +112,7 @@ template <int D, uint32_t KF, uint32_t VF, int NT> struct Narrow : TileBase<D, K
     }
 
     online_softmax<MASK, B::LAZY_MAX>(
-        s, m, l, visible, token_end, [](int e) { return 2 * (e / 4) + e % 2; },
+        s, m, l, limits, token_end, [](int e) { return 2 * (e / 4) + e % 2; },
         [t0 = t_warp + Tok::of_row(gid)](int e) { return t0 + Tok::of_row(8 * (e % 4 / 2)); }, lanes_max<ROW_LANES>,
         [&](const float (&c)[TROWS]) {
 #pragma unroll

@@ -31,7 +31,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
 
   template <bool MASK>
   __device__ void stage(const uint8_t *k_rows, const uint8_t *v_rows, const uint32_t *q_frag, const float *q_scale,
-                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const uint32_t (&visible)[2], int lane) {
+                        const QParts &qp, uint32_t t_warp, uint32_t token_end, const RowLimits<2> &limits, int lane) {
     const int gid = lane / 4, tig = lane % 4;
     auto krow = [&](int r, int h) { return K::row(k_rows, r, h); };
     auto vrow = [&](int r, int h) { return V::row(v_rows, r, h); };
@@ -90,7 +90,7 @@ template <int D, uint32_t KF, uint32_t VF> struct Wide : TileBase<D, KF, VF> {
     }
 
     online_softmax<MASK, true>(
-        s, m, l, visible, token_end, [](int e) { return (e / 2) % 2; },
+        s, m, l, limits, token_end, [](int e) { return (e / 2) % 2; },
         [t0 = t_warp + Tok::of_row(2 * tig)](int e) { return t0 + Tok::of_row(8 * (e / 4) + e % 2); },
         lanes_max<ROW_LANES>,
         [&](const float (&c)[2]) {
