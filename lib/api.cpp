@@ -155,7 +155,6 @@ void check_batch_count(const pkv::PoolGeometry &g, uint32_t count) {
 }
 
 // Speculative verification checks a handful of draft tokens at once.
-constexpr uint32_t kMaxQueryTokens = 8;
 
 void check_append_args(const pkv::PoolGeometry &g, const pkv_seq *seqs, const uint32_t *n_new, uint32_t count) {
   if (count == 0) return;
@@ -217,9 +216,9 @@ void check_variants(uint32_t q_heads, const float *sinks, const float *slopes, f
 void check_decode_args(const pkv::PoolGeometry &g, const pkv_decode_args &a, bool launch) {
   check_attention_args(g, a.layer, a.q_heads, a.scale, a.q_format, a.out_format, a.memory);
   check_variants(a.q_heads, a.sinks, a.alibi_slopes, a.softcap, a.memory);
-  if (a.q_tokens == 0 || a.q_tokens > kMaxQueryTokens)
+  if (a.q_tokens == 0 || a.q_tokens > pkv::kMaxQueryTokens)
     fail(PKV_ERR_INVALID_ARGUMENT, "q_tokens is %u: expected 1 to %u query tokens per sequence", a.q_tokens,
-         kMaxQueryTokens);
+         pkv::kMaxQueryTokens);
   if (a.count == 0) return;
   check_pointer(a.seqs, "seqs");
   if (launch) {

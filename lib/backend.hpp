@@ -92,6 +92,10 @@ struct DecodeConfig {
   PlanConfig plan;
 };
 
+// The most query tokens a decode attends per sequence (pkv_decode_args.q_tokens): a plan record's
+// tokens, also where a GPU backend runs an extend's new tokens as records of the decode's kernels.
+constexpr uint32_t kMaxQueryTokens = 8;
+
 // The attention variants of a decode or extend (pagedkv.h, section 7a), checked; all zero: plain
 // attention.
 struct AttentionVariants {
@@ -148,6 +152,7 @@ struct ExtendBatch {
   const uint8_t *mask;       // host, or null: causal
   const uint64_t *mask_offsets; // host, count (with a mask)
   AttentionVariants variants;
+  const DecodeConfig *config; // the backend's decode configuration for kMaxQueryTokens tokens a record
 };
 
 class Backend {

@@ -32,7 +32,8 @@ struct PlanRecord {
   uint32_t siblings;    // chunks its sequence (and head) has, itself included
   uint32_t head;        // kAllHeads, or the one KV head of the item
   uint32_t start;       // the sequence's position that token 0 of the ranges is (a window's first page)
-  uint32_t reserved[2];
+  uint32_t q_row;       // the first query token's row of q, out and lse
+  uint32_t tokens;      // query tokens: token i (row q_row + i) sees [0, length - tokens + i]
 };
 
 // What a backend can hold of a plan: a GPU keeps plans in fixed device buffers (so a captured graph
@@ -79,6 +80,11 @@ struct PlanBatch {
   uint32_t chunk_pages; // 0: choose; UINT32_MAX: never split
   const uint32_t *starts = nullptr; // count: where each sequence's positions start (copied into the
                                     // records, not planned by: page-aligned), or null: all 0
+  // The query tokens of each sequence, copied into the records: `q_tokens` for every one, sequence b's
+  // from row b * q_tokens (decode); or, where `q_rows` is set, `tokens[b]` from row q_rows[b] (an
+  // extend's blocks of new tokens).
+  uint32_t q_tokens = 1;
+  const uint32_t *q_rows = nullptr, *tokens = nullptr;
 };
 
 // Two shapes. Uniform (workers 0): each sequence is cut into chunks of at most chunk_tokens, in

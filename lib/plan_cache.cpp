@@ -21,7 +21,7 @@ bool PlanCache::same_starts(const PlanBatch &batch) const {
 
 const PlanCache::Entry &PlanCache::get(Backend &backend, const PoolGeometry &g, uint32_t rows, const PlanBatch &batch) {
   const DecodeConfig &c = config(backend, g, rows);
-  const bool same = valid_ && c.plan == planned_ && batch.chunk_pages == chunk_pages_ &&
+  const bool same = valid_ && c.plan == planned_ && batch.chunk_pages == chunk_pages_ && batch.q_tokens == q_tokens_ &&
                     lengths_.size() == batch.count && std::equal(lengths_.begin(), lengths_.end(), batch.lengths) &&
                     std::equal(slots_.begin(), slots_.end(), batch.slots) && same_starts(batch);
   entry_.config = c;
@@ -35,6 +35,7 @@ const PlanCache::Entry &PlanCache::get(Backend &backend, const PoolGeometry &g, 
   if (batch.starts) starts_.assign(batch.starts, batch.starts + batch.count);
   else starts_.assign(batch.count, 0);
   chunk_pages_ = batch.chunk_pages;
+  q_tokens_ = batch.q_tokens;
   valid_ = true;
   return entry_;
 }

@@ -375,7 +375,7 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   const uint32_t rows = a.q_tokens * (a.q_heads / geometry_.kv_heads);
   const pkv::PlanCache::Entry &planned =
       plans_.get(backend, geometry_, rows, {spans.data(), slots.data(), a.count, geometry_.page_size,
-                                            geometry_.kv_heads, a.chunk_pages, starts.data()});
+                                            geometry_.kv_heads, a.chunk_pages, starts.data(), a.q_tokens});
 
   pkv::DecodeBatch batch{};
   batch.table = table_updates();
@@ -437,6 +437,8 @@ void pkv_pool::extend(const pkv_extend_args &a) {
   batch.mask_offsets = a.mask_offsets;
   batch.variants = variants;
   std::lock_guard<std::mutex> device(ctx_->mu);
+  batch.config = &plans_.config(*ctx_->backend, geometry_, pkv::kMaxQueryTokens * (a.q_heads / geometry_.kv_heads));
+  plans_.set_resident(false); // a backend may run the extend through the plan buffer
   ctx_->backend->extend(geometry_, batch);
   pending_.clear();
 }

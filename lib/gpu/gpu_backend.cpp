@@ -218,9 +218,47 @@ class GpuBackend final : public Backend {
     put_plan(g, b);
   }
 
-  void extend(const PoolGeometry &, const ExtendBatch &) override {
-    fail(PKV_ERR_UNSUPPORTED, "the %s backend has no extend kernel yet; the CPU backend (PKV_BACKEND=cpu) has one",
-         dev_->name());
+  // An extend's new tokens run as records of the decode's kernels: each entry's tokens in blocks of
+  // up to kMaxQueryTokens, a block attending like a decode of that many query tokens over the
+  // sequence up to its last token (so causally), in plans of at most max_sequences blocks that the
+  // plan buffer holds. Tree masks are the CPU backend's alone for now.
+  void extend(const PoolGeometry &g, const ExtendBatch &b) override {
+    if (b.mask)
+      fail(PKV_ERR_UNSUPPORTED, "the %s backend's extend runs causal attention only: tree masks need the CPU backend "
+           "(PKV_BACKEND=cpu) for now", dev_->name());
+    Current current(rt_);
+    put_table(g, b.table);
+    const Attention a{b.layer, b.q_heads, b.q_offsets[b.count], b.scale, b.q_format, b.out_format, b.memory,
+                      b.q, b.out, b.lse, b.variants};
+    if (a.rows == 0) return;
+    // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows.
+    std::vector<uint32_t> lengths, starts, slots, q_rows, tokens;
+    for (uint32_t e = 0; e < b.count; e++) {
+      const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n;
+      for (uint32_t i = 0; i < n; i += kMaxQueryTokens) {
+        const uint32_t t = std::min(kMaxQueryTokens, n - i), end = first + i + t;
+        uint32_t start = uint32_t(b.variants.first_seen(first + i));
+        start -= start % g.page_size; // as pkv_pool::run_decode plans a window
+        lengths.push_back(end - start);
+        starts.push_back(start);
+        slots.push_back(b.seq_slots[e]);
+        q_rows.push_back(b.q_offsets[e] + i);
+        tokens.push_back(t);
+      }
+    }
+    const DecodeConfig &k = *b.config;
+    reserve_parts(g, k, kMaxQueryTokens, b.q_heads);
+    const Staged io = stage(g, a);
+    for (size_t at = 0; at < lengths.size(); at += g.max_sequences) {
+      const uint32_t n = uint32_t(std::min<size_t>(g.max_sequences, lengths.size() - at));
+      PlanBatch pb{&lengths[at], &slots[at], n, g.page_size, g.kv_heads, 0, &starts[at], kMaxQueryTokens};
+      pb.q_rows = &q_rows[at];
+      pb.tokens = &tokens[at];
+      const DecodePlan plan = make_plan(k.plan, pb);
+      upload_plan(staging_, g, plan, k.plan.limits.records, n);
+      launch(g, k, plan, a, io, n, kMaxQueryTokens);
+    }
+    unstage(a, io);
   }
 
   // Launches only, once the plan is on the device: nothing here waits for the device, allocates or
@@ -228,10 +266,8 @@ class GpuBackend final : public Backend {
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {
     Current current(rt_);
     const DecodeConfig &k = *b.config;
-    const DecodePlan &plan = *b.plan;
-    const uint64_t heads = uint64_t(b.count) * b.q_tokens * b.q_heads; // query rows
-    const uint64_t q_bytes = heads * g.head_dim * io_elem_bytes(b.q_format);
-    const uint64_t out_bytes = heads * g.head_dim * io_elem_bytes(b.out_format);
+    const Attention a{b.layer, b.q_heads, b.count * b.q_tokens, b.scale, b.q_format, b.out_format, b.memory,
+                      b.q, b.out, b.lse, b.variants};
     const bool host = b.memory == PKV_MEMORY_HOST, upload = b.table.count || !b.plan_resident;
     const uint64_t parts = k.plan.limits.parts;
     const uint64_t part_rows = parts * b.q_tokens * b.q_heads;
@@ -256,70 +292,10 @@ class GpuBackend final : public Backend {
              "sized on first use");
     }
     if (upload) put_plan(g, b);
-    staging_.grow_kept(&part_out_, part_rows * g.head_dim * 4);
-    staging_.grow_kept(&part_lse_, part_rows * 4);
-    if (staging_.grow_kept(&counters_, counters * 4)) counters_zero_ = false;
-    if (!counters_zero_) { // a new buffer; the kernels leave it zero after that
-      rt_.check(dev_->fill32(counters_.ptr, 0, size_t(counters_.bytes / 4), rt_.stream));
-      counters_zero_ = true;
-    }
-
-    // q, and the sinks and slopes where given, travel in one transfer from host memory.
-    const AttentionVariants &v = b.variants;
-    Upload up;
-    const uint64_t q_at = host ? up.add(b.q, q_bytes) : 0;
-    const uint64_t sinks_at = host && v.sinks ? up.add(v.sinks, uint64_t(b.q_heads) * 4) : 0;
-    const uint64_t slopes_at = host && v.slopes ? up.add(v.slopes, uint64_t(b.q_heads) * 4) : 0;
-    const DevPtr dev = staging_.send(up);
-    auto caller_ptr = [&](const void *ptr, uint64_t at) { return !ptr ? 0 : host ? dev + at : DevPtr(uintptr_t(ptr)); };
-    if (host) staging_.ensure(&decode_out_, align16(out_bytes) + heads * 4);
-
-    const PlanLayout l = plan_layout(g.max_sequences, k.plan.limits.records);
-    PkvDecodeParams p{};
-    p.pool = pool_params(g);
-    p.plan = g.plan;
-    p.records = g.plan + l.records;
-    p.seq_chunks = g.plan + l.seq_chunks;
-    p.q = caller_ptr(b.q, q_at);
-    p.out = host ? decode_out_.ptr : DevPtr(uintptr_t(b.out));
-    p.lse = !b.lse ? 0 : host ? decode_out_.ptr + align16(out_bytes) : DevPtr(uintptr_t(b.lse));
-    p.part_out = part_out_.ptr;
-    p.part_lse = part_lse_.ptr;
-    p.counters = counters_.ptr;
-    p.layer = b.layer;
-    p.count = b.count;
-    p.q_heads = b.q_heads;
-    p.q_tokens = b.q_tokens;
-    p.n_chunks = plan.chunks(); // the CUDA-core and generic kernels' (the tensor-core kernel reads the plan's)
-    p.row_tiles = k.row_tiles;
-    p.mtiles = k.mtiles;
-    p.q_aligned = p.q % 16 == 0;
-    p.q_format = uint32_t(b.q_format);
-    p.out_format = uint32_t(b.out_format);
-    p.scale = b.scale;
-    p.window = v.window;
-    p.softcap = v.softcap;
-    p.transform = v.softcap != 0.0f || v.slopes;
-    p.sinks = caller_ptr(v.sinks, sinks_at);
-    p.slopes = caller_ptr(v.slopes, slopes_at);
-
-    const Function fn = static_cast<Function>(k.kernel);
-    if (tensor_core) {
-      // Blocks loop over records, so a replay of a larger plan is still covered; a balanced plan's
-      // workers are one block each (one row tile).
-      const uint64_t blocks = plan.workers ? plan.workers : plan.records.size() * k.row_tiles;
-      rt_.launch(fn, unsigned(blocks), 1, 1, &p, k.threads[0], k.threads[1], k.threads[2], k.shared_bytes);
-    } else {
-      // A block per (chunk, KV head, row tile); split sequences are left to the merge kernel.
-      rt_.launch(fn, plan.chunks(), g.kv_heads, k.row_tiles, &p, k.threads[0], k.threads[1], k.threads[2],
-                 k.shared_bytes);
-      if (plan.parts) rt_.launch(merge_, b.count * b.q_tokens, b.q_heads, 1, &p, std::min(256u, g.head_dim));
-    }
-    if (host) { // out, then lse from align16(out_bytes): one transfer
-      const uint8_t *r = staging_.receive(decode_out_.ptr, b.lse ? align16(out_bytes) + heads * 4 : out_bytes);
-      std::memcpy(b.out, r, size_t(out_bytes));
-      if (b.lse) std::memcpy(b.lse, r + align16(out_bytes), size_t(heads * 4));
-    }
+    reserve_parts(g, k, b.q_tokens, b.q_heads);
+    const Staged io = stage(g, a);
+    launch(g, k, *b.plan, a, io, b.count, b.q_tokens);
+    unstage(a, io);
   }
 
   // A device image: the header sent ahead of the kernels, which add the payload's checksum into it.
@@ -442,14 +418,131 @@ class GpuBackend final : public Backend {
 
   // Applies the batch's queued table changes and, unless the pool's plan buffer holds it already,
   // sends the plan.
-  void put_plan(const PoolGeometry &g, const DecodeBatch &b) {
-    if (b.table.count) {
-      Upload t;
-      const uint64_t at = t.add(b.table.entries, uint64_t(b.table.count) * sizeof(TableEntry));
-      apply_table(g, b.table, staging_.send(t) + at);
-    }
-    if (!b.plan_resident) upload_plan(staging_, g, b);
+  void put_table(const PoolGeometry &g, const TableUpdates &t) {
+    if (!t.count) return;
+    Upload up;
+    const uint64_t at = up.add(t.entries, uint64_t(t.count) * sizeof(TableEntry));
+    apply_table(g, t, staging_.send(up) + at);
   }
+
+  void put_plan(const PoolGeometry &g, const DecodeBatch &b) {
+    put_table(g, b.table);
+    if (!b.plan_resident) upload_plan(staging_, g, *b.plan, b.config->plan.limits.records, b.count);
+  }
+
+  // A call's attention as the kernels take it: `rows` query tokens of q_heads heads each in q, out and
+  // lse, where `memory` says, and the rest of the call's fields.
+  struct Attention {
+    uint32_t layer, q_heads, rows;
+    float scale;
+    pkv_format q_format, out_format;
+    pkv_memory memory;
+    const void *q;
+    void *out;
+    float *lse;
+    AttentionVariants variants;
+  };
+
+  // Where the kernels find q, out, lse, sinks and slopes: the caller's own in device memory; from
+  // host memory q, sinks and slopes sent in one transfer, out and lse (from align16(out_bytes)) in a
+  // scratch buffer, copied back by unstage.
+  struct Staged {
+    DevPtr q, out, lse, sinks, slopes;
+    uint64_t out_bytes;
+  };
+
+  Staged stage(const PoolGeometry &g, const Attention &a) {
+    const uint64_t heads = uint64_t(a.rows) * a.q_heads;
+    const uint64_t q_bytes = heads * g.head_dim * io_elem_bytes(a.q_format);
+    const bool host = a.memory == PKV_MEMORY_HOST;
+    const AttentionVariants &v = a.variants;
+    Upload up;
+    const uint64_t q_at = host ? up.add(a.q, q_bytes) : 0;
+    const uint64_t sinks_at = host && v.sinks ? up.add(v.sinks, uint64_t(a.q_heads) * 4) : 0;
+    const uint64_t slopes_at = host && v.slopes ? up.add(v.slopes, uint64_t(a.q_heads) * 4) : 0;
+    const DevPtr dev = staging_.send(up);
+    auto caller = [&](const void *ptr, uint64_t at) { return !ptr ? 0 : host ? dev + at : DevPtr(uintptr_t(ptr)); };
+    Staged s{caller(a.q, q_at), 0, 0, caller(v.sinks, sinks_at), caller(v.slopes, slopes_at),
+             heads * g.head_dim * io_elem_bytes(a.out_format)};
+    if (host) {
+      staging_.ensure(&decode_out_, align16(s.out_bytes) + heads * 4);
+      s.out = decode_out_.ptr;
+      s.lse = a.lse ? decode_out_.ptr + align16(s.out_bytes) : 0;
+    } else {
+      s.out = DevPtr(uintptr_t(a.out));
+      s.lse = DevPtr(uintptr_t(a.lse));
+    }
+    return s;
+  }
+
+  void unstage(const Attention &a, const Staged &s) {
+    if (a.memory != PKV_MEMORY_HOST) return;
+    const uint64_t lse_bytes = uint64_t(a.rows) * a.q_heads * 4;
+    const uint8_t *r = staging_.receive(s.out, a.lse ? align16(s.out_bytes) + lse_bytes : s.out_bytes);
+    std::memcpy(a.out, r, size_t(s.out_bytes));
+    if (a.lse) std::memcpy(a.lse, r + align16(s.out_bytes), size_t(lse_bytes));
+  }
+
+  // Scratch for the partial results of split sequences under configuration k (q_tokens rows of
+  // q_heads heads a part) and the tensor-core kernel's counters, zero when new.
+  void reserve_parts(const PoolGeometry &g, const DecodeConfig &k, uint32_t q_tokens, uint32_t q_heads) {
+    const uint64_t parts = k.plan.limits.parts, part_rows = parts * q_tokens * q_heads;
+    staging_.grow_kept(&part_out_, part_rows * g.head_dim * 4);
+    staging_.grow_kept(&part_lse_, part_rows * 4);
+    if (staging_.grow_kept(&counters_, parts * g.kv_heads * k.row_tiles * 4)) counters_zero_ = false;
+    if (!counters_zero_) { // a new buffer; the kernels leave it zero after that
+      rt_.check(dev_->fill32(counters_.ptr, 0, size_t(counters_.bytes / 4), rt_.stream));
+      counters_zero_ = true;
+    }
+  }
+
+  // The kernels of a plan in the plan buffer: `count` sequences, at most q_tokens tokens a record.
+  void launch(const PoolGeometry &g, const DecodeConfig &k, const DecodePlan &plan, const Attention &a,
+              const Staged &io, uint32_t count, uint32_t q_tokens) {
+    const PlanLayout l = plan_layout(g.max_sequences, k.plan.limits.records);
+    const AttentionVariants &v = a.variants;
+    PkvDecodeParams p{};
+    p.pool = pool_params(g);
+    p.plan = g.plan;
+    p.records = g.plan + l.records;
+    p.seq_chunks = g.plan + l.seq_chunks;
+    p.q = io.q;
+    p.out = io.out;
+    p.lse = io.lse;
+    p.part_out = part_out_.ptr;
+    p.part_lse = part_lse_.ptr;
+    p.counters = counters_.ptr;
+    p.layer = a.layer;
+    p.count = count;
+    p.q_heads = a.q_heads;
+    p.q_tokens = q_tokens;
+    p.n_chunks = plan.chunks(); // the CUDA-core and generic kernels' (the tensor-core kernel reads the plan's)
+    p.row_tiles = k.row_tiles;
+    p.mtiles = k.mtiles;
+    p.q_aligned = p.q % 16 == 0;
+    p.q_format = uint32_t(a.q_format);
+    p.out_format = uint32_t(a.out_format);
+    p.scale = a.scale;
+    p.window = v.window;
+    p.softcap = v.softcap;
+    p.transform = v.softcap != 0.0f || v.slopes;
+    p.sinks = io.sinks;
+    p.slopes = io.slopes;
+
+    const Function fn = static_cast<Function>(k.kernel);
+    if (k.family == KernelFamily::tensor_core) {
+      // Blocks loop over records, so a replay of a larger plan is still covered; a balanced plan's
+      // workers are one block each (one row tile).
+      const uint64_t blocks = plan.workers ? plan.workers : plan.records.size() * k.row_tiles;
+      rt_.launch(fn, unsigned(blocks), 1, 1, &p, k.threads[0], k.threads[1], k.threads[2], k.shared_bytes);
+    } else {
+      // A block per (chunk, KV head, row tile); split sequences are left to the merge kernel.
+      rt_.launch(fn, plan.chunks(), g.kv_heads, k.row_tiles, &p, k.threads[0], k.threads[1], k.threads[2],
+                 k.shared_bytes);
+      if (plan.parts) rt_.launch(merge_, count * q_tokens, a.q_heads, 1, &p, std::min(256u, g.head_dim));
+    }
+  }
+
 
   // Sends the image's page list and zeroes the checksum, then calls each(first block, blocks) over the
   // payload's blocks in chunks: the staging chunk's size for host images, launches of at most

@@ -14,7 +14,7 @@ namespace {
 static_assert(sizeof(PlanRecord) == sizeof(PkvRecord) && PKV_SAME_FIELD(seq) && PKV_SAME_FIELD(token_begin) &&
                   PKV_SAME_FIELD(token_end) && PKV_SAME_FIELD(part) && PKV_SAME_FIELD(slot) &&
                   PKV_SAME_FIELD(length) && PKV_SAME_FIELD(first_part) && PKV_SAME_FIELD(siblings) &&
-                  PKV_SAME_FIELD(head) && PKV_SAME_FIELD(start),
+                  PKV_SAME_FIELD(head) && PKV_SAME_FIELD(start) && PKV_SAME_FIELD(q_row) && PKV_SAME_FIELD(tokens),
               "plan records cross to the device as they are");
 #undef PKV_SAME_FIELD
 static_assert(kNoPart == UINT32_MAX && kAllHeads == UINT32_MAX, "the kernels' markers");
@@ -29,13 +29,12 @@ PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records) {
   return l;
 }
 
-void upload_plan(Staging &staging, const PoolGeometry &g, const DecodeBatch &b) {
-  const DecodePlan &plan = *b.plan;
-  const PlanLayout l = plan_layout(g.max_sequences, b.config->plan.limits.records);
-  if (plan.records.size() > (l.bytes - l.records) / sizeof(PkvRecord) || b.count > g.max_sequences)
+void upload_plan(Staging &staging, const PoolGeometry &g, const DecodePlan &plan, uint32_t max_records, uint32_t count) {
+  const PlanLayout l = plan_layout(g.max_sequences, max_records);
+  if (plan.records.size() > (l.bytes - l.records) / sizeof(PkvRecord) || count > g.max_sequences)
     fail(PKV_ERR_INTERNAL, "a plan of %zu records for %u sequences exceeds the pool's plan buffer",
-         plan.records.size(), b.count);
-  const PkvPlanHeader header{uint32_t(plan.records.size()), b.count, plan.parts, 0};
+         plan.records.size(), count);
+  const PkvPlanHeader header{uint32_t(plan.records.size()), count, plan.parts, 0};
   Upload up;
   up.place(0, &header, sizeof header);
   up.place(l.seq_chunks, plan.seq_chunks.data(), plan.seq_chunks.size() * 4);

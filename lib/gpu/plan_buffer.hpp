@@ -18,8 +18,9 @@ struct PlanLayout {
 
 PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records);
 
-// Sends the batch's plan (made under `b.config`) into the pool's plan buffer, in one transfer.
-void upload_plan(Staging &staging, const PoolGeometry &g, const DecodeBatch &b);
+// Sends a plan of `count` sequences (made under a configuration whose plans have at most
+// `max_records` records) into the pool's plan buffer, in one transfer.
+void upload_plan(Staging &staging, const PoolGeometry &g, const DecodePlan &plan, uint32_t max_records, uint32_t count);
 
 } // namespace gpu
 } // namespace pkv

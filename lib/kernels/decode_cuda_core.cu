@@ -81,10 +81,10 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
   const PkvRecord c = reinterpret_cast<const PkvRecord *>(p.records)[blockIdx.x];
   const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads;
   const uint32_t row = blockIdx.z * BDY + y; // this thread's query row: token row / group, head row % group
-  const bool head_valid = row < p.q_tokens * group;
+  const bool head_valid = row < c.tokens * group;
   const uint32_t tok = row / group, g = row % group;
-  const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + g;
-  const uint32_t visible = c.length - p.q_tokens + tok + 1; // counted from c.start
+  const uint64_t head = (uint64_t(c.q_row) + tok) * p.q_heads + h * group + g;
+  const uint32_t visible = c.length - c.tokens + tok + 1; // counted from c.start
   const ScoreVariants vary = score_variants(p, kLog2e);
   const float slope = head_valid ? row_slope(p, h * group + g, kLog2e) : 0.0f;
 

@@ -28,8 +28,9 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
 
   const PkvPool &pool = p.pool;
   const PkvRecord c = reinterpret_cast<const PkvRecord *>(p.records)[blockIdx.x];
-  // The block's rows: query (token, head of the group) pairs g0 .. g0 + gt of q_tokens * group.
-  const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group, g0 = blockIdx.z * T;
+  // The block's rows: query (token, head of the group) pairs g0 .. g0 + gt of the record's tokens * group.
+  const uint32_t h = blockIdx.y, group = p.q_heads / pool.kv_heads, rows = c.tokens * group, g0 = blockIdx.z * T;
+  if (g0 >= rows) return; // a tile past a record of fewer tokens
   const uint32_t gt = min(uint32_t(T), rows - g0);
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const ScoreVariants vary = score_variants(p, 1.0f); // scores in natural units
@@ -45,9 +46,9 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
     l[g] = 0.0f;
     l_lost[g] = 0.0f;
     const uint32_t tok = (g0 + g) / group;
-    visible[g] = c.length - p.q_tokens + tok + 1;
+    visible[g] = c.length - c.tokens + tok + 1;
     slope[g] = g < gt ? row_slope(p, h * group + (g0 + g) % group, 1.0f) : 0.0f;
-    const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
+    const uint64_t head = (uint64_t(c.q_row) + tok) * p.q_heads + h * group + (g0 + g) % group;
 #pragma unroll
     for (int j = 0; j < NV; j++) {
       acc[g][j] = acc_lost[g][j] = 0.0f;
@@ -115,7 +116,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
     if (single) o *= join_sink<false>(top, sum, row_sink(p, h * group + (g0 + g) % group, 1.0f)); // once a row
     const float value = sum > 0.0f ? o / sum : 0.0f, lse = sum > 0.0f ? top + logf(sum) : -INFINITY;
     const uint32_t tok = (g0 + g) / group;
-    const uint64_t head = (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + (g0 + g) % group;
+    const uint64_t head = (uint64_t(c.q_row) + tok) * p.q_heads + h * group + (g0 + g) % group;
     if (single) { // the sequence's only chunk: this is the result
       store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d, value);
       if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
@@ -142,17 +143,18 @@ PKV_DECODE_PARTIAL(6)
 PKV_DECODE_PARTIAL(7)
 PKV_DECODE_PARTIAL(8)
 
-// Grid: (sequence x query token, query head); thread d < head_dim. Chunks are combined in order, so
-// the result is the same bits every run; a chunk the row sees nothing of has lse -inf and weighs
-// nothing. A sequence with a single chunk (an empty one too) was written by the partial kernel.
+// Grid: (sequence x query token, query head), q_tokens being the most a sequence of the plan has;
+// thread d < head_dim. Chunks are combined in order, so the result is the same bits every run; a
+// chunk the row sees nothing of has lse -inf and weighs nothing. A sequence with a single chunk (an
+// empty one too) was written by the partial kernel.
 extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
   const uint32_t s = blockIdx.x / p.q_tokens, tok = blockIdx.x % p.q_tokens, qh = blockIdx.y, D = p.pool.head_dim;
   const uint32_t *seq_chunks = reinterpret_cast<const uint32_t *>(p.seq_chunks);
   const uint32_t c0 = seq_chunks[s], c1 = seq_chunks[s + 1];
-  if (c1 - c0 == 1) return;
+  const PkvRecord *chunks = reinterpret_cast<const PkvRecord *>(p.records);
+  if (c1 - c0 == 1 || tok >= chunks[c0].tokens) return;
   const float *part_lse = reinterpret_cast<const float *>(p.part_lse);
   const float *part_out = reinterpret_cast<const float *>(p.part_out);
-  const PkvRecord *chunks = reinterpret_cast<const PkvRecord *>(p.records);
   auto part = [&](uint32_t c) { return (uint64_t(chunks[c].part) * p.q_tokens + tok) * p.q_heads + qh; };
   float first_top = -INFINITY;
   for (uint32_t c = c0; c < c1; c++) first_top = fmaxf(first_top, part_lse[part(c)]);
@@ -165,7 +167,7 @@ extern "C" __global__ void pkv_decode_merge(PkvDecodeParams p) {
       o += w * part_out[part(c) * D + d];
     }
     o *= join_sink<false>(top, sum, row_sink(p, qh, 1.0f)); // the chunks' partials hold none
-    const uint64_t i = uint64_t(blockIdx.x) * p.q_heads + qh;
+    const uint64_t i = (uint64_t(chunks[c0].q_row) + tok) * p.q_heads + qh;
     store_io(p.out_format, reinterpret_cast<void *>(p.out), i * D + d, sum > 0.0f ? o / sum : 0.0f);
     if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[i] = sum > 0.0f ? top + logf(sum) : -INFINITY;
   }

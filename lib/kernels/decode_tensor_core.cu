@@ -106,7 +106,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   const uint32_t *q_frag = q_frag_of(mt);
   const float *q_scale_sm = q_scale_of(mt);
   const PkvPool &pool = p.pool;
-  const uint32_t group = p.q_heads / pool.kv_heads, rows = p.q_tokens * group;
+  const uint32_t group = p.q_heads / pool.kv_heads;
   const PkvRecord *records = reinterpret_cast<const PkvRecord *>(p.records); // one KV head's each
   // The first item's record is read alongside the record count, not after it: the grid covers the
   // plan it was launched for, so the record lies in the plan buffer.
@@ -125,12 +125,14 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     const uint32_t z = item % p.row_tiles;
     if (item != blockIdx.x) c = records[item / p.row_tiles];
     if (c.seq == kNoSeq) continue; // a balanced plan's filler (every thread skips it)
+    const uint32_t rows = c.tokens * group; // the record's query rows: its tokens times the group
+    if (z * block_rows >= rows) continue;   // a row tile past them (a record of fewer tokens)
     const uint32_t h = c.head;
     const uint32_t length = c.length;
     // Query row r of this tile: (token, head of the group), or nothing past the group's rows.
     auto q_head = [&](uint32_t r) {
       const uint32_t row = z * block_rows + r, tok = row / group;
-      return (uint64_t(c.seq) * p.q_tokens + tok) * p.q_heads + h * group + row % group;
+      return (uint64_t(c.q_row) + tok) * p.q_heads + h * group + row % group;
     };
     auto row_valid = [&](uint32_t r) { return z * block_rows + r < rows; };
     // Values [d0, d0 + N) of query row r, times q_pre (zeros past the rows).
@@ -166,7 +168,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
 #pragma unroll
     for (int i = 0; i < T::TROWS; i++) {
       const uint32_t r = mt * ROWS + T::row_of_thread(lane, i), row = z * block_rows + r;
-      limits.visible[i] = row_valid(r) ? length - p.q_tokens + row / group + 1 : 0;
+      limits.visible[i] = row_valid(r) ? length - c.tokens + row / group + 1 : 0;
       limits.slope[i] = row_valid(r) ? row_slope(p, h * group + row % group, kLog2e) : 0.0f;
     }
 
@@ -339,8 +341,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     };
     // Rounds that mask: the last NS + 1 (the chunk's end), every one where scores change (soft cap,
     // ALiBi), and those holding the positions a window may hide: c.start is the window's first page
-    // for the sequence's first query token, a later one's starts up to q_tokens - 1 positions on.
-    const uint32_t window_edge = p.window ? pool.page_size + p.q_tokens - 1 : 0;
+    // for the record's first query token, a later one's starts up to tokens - 1 positions on.
+    const uint32_t window_edge = p.window ? pool.page_size + c.tokens - 1 : 0;
     const int masked_head = p.transform                       ? tiles
                             : window_edge > c.token_begin ? min(tiles, int((window_edge - c.token_begin + TILE - 1) / TILE))
                                                           : 0;
@@ -412,7 +414,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         for (int i = 0; i < 4; i++) store_io(p.out_format, reinterpret_cast<void *>(p.out), head * D + d + i, v[i]);
         if (d == 0 && p.lse) reinterpret_cast<float *>(p.lse)[head] = lse;
       } else {
-        const uint64_t part = uint64_t(c.part) * p.q_tokens * p.q_heads + (head - uint64_t(c.seq) * p.q_tokens * p.q_heads);
+        const uint64_t part = uint64_t(c.part) * p.q_tokens * p.q_heads + (head - uint64_t(c.q_row) * p.q_heads);
         *reinterpret_cast<float4 *>(reinterpret_cast<float *>(p.part_out) + part * D + d) = value;
         if (d == 0) reinterpret_cast<float *>(p.part_lse)[part] = lse;
       }
@@ -441,7 +443,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
         const uint64_t stride = uint64_t(p.q_tokens) * p.q_heads;  // a part's rows
         // Chunk k's partial of row r: lse at part_lse[(first_part + k) * stride + in_seq(r)], values
         // at part_out[that * D].
-        auto in_seq = [&](uint32_t r) { return q_head(r) - uint64_t(c.seq) * stride; };
+        auto in_seq = [&](uint32_t r) { return q_head(r) - uint64_t(c.q_row) * p.q_heads; };
         const uint32_t per_row = uint32_t(threads) / my_rows, r = min(tid / per_row, my_rows - 1), j0 = tid % per_row;
         const bool mine = tid / per_row < my_rows;
         const uint64_t head = q_head(r);

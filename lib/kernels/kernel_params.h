@@ -85,7 +85,8 @@ typedef struct PkvRecord {
   uint32_t siblings;   /* how many chunks the sequence (and head) has */
   uint32_t head;       /* the KV head (tensor-core kernel); UINT32_MAX: every one */
   uint32_t start;      /* the sequence's position of token 0: token t lies at position start + t */
-  uint32_t reserved[2];
+  uint32_t q_row;      /* the record's first query token's row of q, out and lse ([row][q_heads]) */
+  uint32_t tokens;     /* its query tokens: token i (of rows q_row + i) sees [0, length - tokens + i] */
 } PkvRecord;
 
 /* The start of a pool's plan buffer. The arrays after it sit at offsets fixed by the pool's capacity
@@ -106,7 +107,7 @@ typedef struct PkvDecodeParams {
   uint64_t part_lse;   /* float [parts][q_tokens][q_heads] */
   uint64_t counters;   /* uint32_t [parts][kv_heads][row_tiles], zero between calls: finished chunks */
   uint32_t layer, count, q_heads, n_chunks; /* count and chunks as planned on the host (CUDA-core, generic kernels) */
-  uint32_t q_tokens;   /* query token t of a sequence of length L sees positions [0, L - q_tokens + t] */
+  uint32_t q_tokens;   /* the most query tokens a record has (the rows of a part per query head) */
   uint32_t row_tiles;  /* blocks' tiles of query rows per KV head */
   uint32_t q_format, out_format;
   float scale;

@@ -11,7 +11,7 @@
  *            after pkv_seq_release_before gives their pages back (pool stats), and every call that
  *            needs a released position fails and changes nothing;
  *   fork     pages a fork shares survive the other holder's release: the fork reads them back.
- * Every case runs on every backend; the extends only where the backend has an extend kernel (the CPU).
+ * Every case runs on every backend; the extends' tree masks only where the backend has them (the CPU).
  *
  * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
 #include <stdarg.h>
@@ -281,8 +281,8 @@ static void extend_and_check(model *m, const uint32_t *idx, const uint32_t *toke
   free(lse);
 }
 
-/* Whether the backend runs pkv_extend (the GPU backends have no extend kernel yet). */
-static int has_extend(void) { return g_backend == PKV_BACKEND_CPU; }
+/* Whether the backend's extend takes tree masks (the GPU backends' runs causal attention only). */
+static int has_masks(void) { return g_backend == PKV_BACKEND_CPU; }
 
 /* ---------------------------------------------------------------------------------------------------
  * The matrix: 25 format pairs x 4 draws of the variants' 16 combinations.
@@ -314,8 +314,9 @@ static void matrix_case(void **state) {
     snprintf(what, sizeof what, "decode, variants %u, chunk_pages %u", bits, chunk_pages[round]);
     decode_and_check(&m, idx, 5, 1 + tu_below(&m.rng, MAX_T), chunk_pages[round], &x, what, &w);
     const uint32_t tokens[4] = {1 + tu_below(&m.rng, 9), tu_below(&m.rng, 30), 1 + tu_below(&m.rng, 70), 0};
-    snprintf(what, sizeof what, "extend, variants %u, %s", bits, round % 2 ? "tree masks" : "causal");
-    if (has_extend()) extend_and_check(&m, idx + 1, tokens, 4, round % 2, &x, what, &w);
+    const int masked = round % 2 && has_masks();
+    snprintf(what, sizeof what, "extend, variants %u, %s", bits, masked ? "tree masks" : "causal");
+    extend_and_check(&m, idx + 1, tokens, 4, masked, &x, what, &w);
   }
   print_message("    worst: out %.2e, lse %.2e\n", w.out, w.lse);
   model_close(&m);
@@ -340,7 +341,7 @@ static void release_case(void **state) {
     for (uint32_t c = 0; c < 4; c++) decode_and_check(&m, &s, 1, MAX_T, chunk_pages[c], &x, "windowed decode", &w);
     const uint32_t tokens = 50; /* queries from 110: windows from 71, past the NaN rows too */
     x.window = 11;
-    if (has_extend()) extend_and_check(&m, &s, &tokens, 1, 0, &x, "windowed extend", &w);
+    extend_and_check(&m, &s, &tokens, 1, 0, &x, "windowed extend", &w);
     x.window = window;
     if (released) break;
     const pkv_pool_stats before = pu_stats(m.pool);

@@ -230,12 +230,12 @@ pkv_status decode(World &w, bool launch, bool variants = false) {
   return launch ? pkv_decode(w.pool, &a) : pkv_decode_prepare(w.pool, &a);
 }
 
-// New tokens of a, the fork, the unwritten sequence and the empty one, 6 queries in all, with a tree
-// mask: the second of a's three sees the first, the third only itself.
+// New tokens of a, the fork, the unwritten sequence and the empty one, 6 queries in all, causal or
+// with a tree mask: the second of a's three sees the first, the third only itself.
 constexpr uint32_t kExtendQueries = 6;
 constexpr size_t kExtendOut = kExtendQueries * kQHeads * (kHeadDim + 1) * sizeof(float);
 
-pkv_status extend(World &w, bool variants) {
+pkv_status extend(World &w, bool masked, bool variants) {
   static const uint32_t offsets[5] = {0, 3, 5, 6, 6};
   static const uint8_t mask[6] = {1, 3, 4, 1, 3, 1};
   static const uint64_t mask_offsets[4] = {0, 3, 5, 6};
@@ -249,9 +249,11 @@ pkv_status extend(World &w, bool variants) {
   a.q = w.k.data();
   a.out = w.out.data();
   a.lse = reinterpret_cast<float *>(w.out.data()) + kExtendQueries * kQHeads * kHeadDim;
-  a.mask = mask;
-  a.mask_offsets = mask_offsets;
-  a.mask_bytes = sizeof mask;
+  if (masked) {
+    a.mask = mask;
+    a.mask_offsets = mask_offsets;
+    a.mask_bytes = sizeof mask;
+  }
   if (variants) set_variants(a);
   return pkv_extend(w.pool, &a);
 }
@@ -370,9 +372,10 @@ const Scenario kScenarios[] = {
     {"decode", kDecodeOut, queries, [](World &w) { return decode(w, true); }, true, Reach::device},
     {"decode_prepare", kDecodeOut, queries, [](World &w) { return decode(w, false); }, true, Reach::device},
     {"decode_variants", kDecodeOut, queries, [](World &w) { return decode(w, true, true); }, true, Reach::device},
-    // The GPU backends have no extend yet.
-    {"extend", kExtendOut, queries, [](World &w) { return extend(w, false); }, true, Reach::cpu},
-    {"extend_variants", kExtendOut, queries, [](World &w) { return extend(w, true); }, true, Reach::cpu},
+    {"extend", kExtendOut, queries, [](World &w) { return extend(w, false, false); }, true, Reach::device},
+    {"extend_variants", kExtendOut, queries, [](World &w) { return extend(w, false, true); }, true, Reach::device},
+    // Tree masks are the CPU backend's alone for now.
+    {"extend_masked", kExtendOut, queries, [](World &w) { return extend(w, true, true); }, true, Reach::cpu},
     // a's first two pages (of 4 tokens), shared with the fork: only dereferenced.
     {"seq_release_before", 0, [](World &w) { w.a_from = 9; }, [](World &w) {
        return pkv_seq_release_before(w.pool, w.a, 9); }, true, Reach::device},

@@ -1,5 +1,5 @@
 // Extend (measure.hpp): pkv_extend of an engine step's new tokens over their sequences' cached ones,
-// gqa4-d128, pages of 16: time per call and the causal FLOPs it did per second.
+// pages of 16: time per call and the causal FLOPs it did per second.
 #include "measure.hpp"
 #include "pools.hpp"
 
@@ -13,6 +13,13 @@ const ExtendItem kExtends[4] = {
     {"chunk-4x256-over-4K", 4, 4096, 256, false, false},
     {"prefix-8x128-over-2K", 8, 2048, 128, true, false},
     {"tree-4x32-over-4K", 4, 4096, 32, false, true},
+};
+const ExtendItem kExtendsFull[5] = {
+    {"prefill-1x4K", 1, 0, 4096, false, false},
+    {"prefill-8x2K", 8, 0, 2048, false, false},
+    {"chunk-8x512-over-32K", 8, 32768, 512, false, false},
+    {"prefix-32x256-over-4K", 32, 4096, 256, true, false},
+    {"tree-8x64-over-32K", 8, 32768, 64, false, true},
 };
 
 namespace {
@@ -35,8 +42,7 @@ std::vector<uint8_t> tree_mask(Env &e, uint32_t n, uint64_t *seen) {
 
 } // namespace
 
-ExtendResult measure_extend(Env &e, const ExtendItem &it, const Formats &f) {
-  const Shape &s = kShapes[0];
+ExtendResult measure_extend(Env &e, const ExtendItem &it, const Shape &s, const Formats &f) {
   ExtendResult r;
   r.item = &it;
   r.id = strf("extend-%s/%s/%s", it.name, s.name, f.name);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -161,13 +162,23 @@ int main(int argc, char **argv) {
       std::string id = strf("%s-%s/%s/%s/%uK", it.op, it.where, kShapes[0].name, f->name, image_tokens / 1024);
       if (filter.empty() || id.find(filter) != std::string::npos) transfers.push_back({&it, f});
     }
-  // Extend: an engine step's new tokens, F16 and Q8_0 pages.
-  std::vector<std::pair<const ExtendItem *, const Formats *>> extends;
-  for (const Formats *f : {&kFormats[0], &kFormats[2]})
-    for (const ExtendItem &it : kExtends) {
-      std::string id = strf("extend-%s/%s/%s", it.name, kShapes[0].name, f->name);
-      if (filter.empty() || id.find(filter) != std::string::npos) extends.push_back({&it, f});
-    }
+  // Extend: an engine step's new tokens; the default run's rows on gqa4-d128 with F16 and Q8_0
+  // pages, --full's on both main shapes with Q4_0 pages too.
+  struct ExtendRow {
+    const ExtendItem *item;
+    const Shape *shape;
+    const Formats *fmt;
+  };
+  std::vector<ExtendRow> extends;
+  const ExtendItem *items = full ? kExtendsFull : kExtends;
+  const size_t n_items = full ? std::size(kExtendsFull) : std::size(kExtends);
+  for (const Shape *s : full ? std::vector<const Shape *>{&kShapes[0], &kShapes[1]} : std::vector<const Shape *>{&kShapes[0]})
+    for (const Formats *f : full ? std::vector<const Formats *>{&kFormats[0], &kFormats[2], &kFormats[3]}
+                                 : std::vector<const Formats *>{&kFormats[0], &kFormats[2]})
+      for (size_t i = 0; i < n_items; i++) {
+        std::string id = strf("extend-%s/%s/%s", items[i].name, s->name, f->name);
+        if (filter.empty() || id.find(filter) != std::string::npos) extends.push_back({&items[i], s, f});
+      }
   if (!filter.empty() && run.empty() && appends.empty() && transfers.empty() && extends.empty() &&
       std::none_of(std::begin(kOverhead), std::end(kOverhead),
                    [&](const OverheadItem &it) { return std::strstr(it.id, filter.c_str()) != nullptr; })) {
@@ -189,7 +200,7 @@ int main(int argc, char **argv) {
       if (filter.empty() || std::strstr(it.id, filter.c_str())) std::printf("%s\n", it.id);
     for (auto &t : transfers)
       std::printf("%s-%s/%s/%s/%uK\n", t.first->op, t.first->where, kShapes[0].name, t.second->name, image_tokens / 1024);
-    for (auto &x : extends) std::printf("extend-%s/%s/%s\n", x.first->name, kShapes[0].name, x.second->name);
+    for (auto &x : extends) std::printf("extend-%s/%s/%s\n", x.item->name, x.shape->name, x.fmt->name);
     return 0;
   }
 
@@ -278,7 +289,7 @@ int main(int argc, char **argv) {
   std::vector<ExtendResult> ext;
   if (!extends.empty()) print_extend_header();
   for (auto &x : extends) {
-    ext.push_back(measure_extend(e, *x.first, *x.second));
+    ext.push_back(measure_extend(e, *x.item, *x.shape, *x.fmt));
     print_extend_row(ext.back());
     write_json(json_path.c_str(), e, m, dec, app, {}, xfer, ext);
   }

@@ -75,8 +75,8 @@ struct TransferResult {
 TransferResult measure_transfer(Env &e, const TransferItem &it, const Formats &f, uint32_t tokens);
 
 // ---------------------------------------------------------------------------------------------
-// Extend: pkv_extend of `count` sequences' `fresh` new tokens over `cached` ones (gqa4-d128, pages of
-// 16, host q and out), causal or with random tree masks; FLOPs counted as 4 x q_heads x head_dim per
+// Extend: pkv_extend of `count` sequences' `fresh` new tokens over `cached` ones (pages of 16, host q
+// and out), causal or with random tree masks; FLOPs counted as 4 x q_heads x head_dim per
 // position a query sees (its q.k and its p.v, each a multiply and an add per value).
 
 struct ExtendItem {
@@ -85,7 +85,8 @@ struct ExtendItem {
   bool prefix; // the sequences are forks of one cached prefix
   bool tree;   // random tree masks rather than causal attention
 };
-extern const ExtendItem kExtends[4];
+extern const ExtendItem kExtends[4];     // the default run's (sized for a CPU)
+extern const ExtendItem kExtendsFull[5]; // --full's
 
 struct ExtendResult {
   const ExtendItem *item = nullptr;
@@ -93,6 +94,6 @@ struct ExtendResult {
   double us = 0, flops = 0, tflops = 0;
 };
 
-ExtendResult measure_extend(Env &e, const ExtendItem &it, const Formats &f);
+ExtendResult measure_extend(Env &e, const ExtendItem &it, const Shape &s, const Formats &f);
 
 } // namespace bench
