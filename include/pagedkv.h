@@ -530,9 +530,8 @@ PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t firs
  *
  * The CPU backend computes extend in float32 with an online softmax, as decode; with T_b <= 8 it gives
  * the bits pkv_decode gives with q_tokens = T_b and chunk_pages = UINT32_MAX. The CUDA and HIP
- * backends run causal extends through their decode kernels, 8 new tokens a work item (exact; each
- * item reads the context up to its tokens, so long prefills cost more than a prefill kernel would);
- * they refuse a call with a mask (PKV_ERR_UNSUPPORTED) before changing anything.
+ * backends run extends through their decode kernels, 8 new tokens a work item (exact; each item reads
+ * the context up to its tokens, so long prefills cost more than a prefill kernel of their own would).
  *
  * The attention variants of section 7a (a sliding window, logit soft-capping, attention sinks, ALiBi
  * slopes) apply here as in pkv_decode: the window on top of causality or the mask.

@@ -151,6 +151,7 @@ struct ExtendBatch {
   const uint32_t *q_offsets; // host, count + 1
   const uint8_t *mask;       // host, or null: causal
   const uint64_t *mask_offsets; // host, count (with a mask)
+  uint64_t mask_bytes;          // the mask's bytes, every entry's rows among them
   AttentionVariants variants;
   const DecodeConfig *config; // the backend's decode configuration for kMaxQueryTokens tokens a record
 };

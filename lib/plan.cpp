@@ -175,7 +175,7 @@ bool balanced_plan(const PlanRequest &req, uint32_t full_rate, DecodePlan *plan,
   for (const Item &p : items) rounds = std::max(rounds, ++round[p.worker]);
   if (uint64_t(rounds) * workers > req.limits.records) return false;
   plan->workers = workers;
-  plan->records.assign(uint64_t(rounds) * workers, {kNoSeq, 0, 0, kNoPart, 0, 0, kNoPart, 0, kAllHeads, 0, 0, 0});
+  plan->records.assign(uint64_t(rounds) * workers, {kNoSeq, 0, 0, kNoPart, 0, 0, kNoPart, 0, kAllHeads, 0, 0, 0, 0, 0, 0});
   std::fill(round.begin(), round.end(), 0);
   uint64_t split_pairs = 0;
   for (size_t i = 0, j; i < items.size(); i = j) {
@@ -185,7 +185,7 @@ bool balanced_plan(const PlanRequest &req, uint32_t full_rate, DecodePlan *plan,
     for (size_t k = i; k < j; k++) {
       const Item &p = items[k];
       plan->records[uint64_t(round[p.worker]++) * workers + p.worker] = {
-          p.seq, p.token_begin, p.token_end, siblings > 1 ? plan->parts++ : kNoPart, 0, 0, first, siblings, p.head, 0, 0, 0};
+          p.seq, p.token_begin, p.token_end, siblings > 1 ? plan->parts++ : kNoPart, 0, 0, first, siblings, p.head, 0, 0, 0, 0, 0, 0};
       plan->chunk_tokens = std::max(plan->chunk_tokens, p.token_end - p.token_begin);
     }
   }
@@ -275,7 +275,7 @@ DecodePlan make_plan(const PlanConfig &config, const PlanBatch &batch) {
     uint64_t t = 0;
     do {
       plan.records.push_back({b, uint32_t(t), uint32_t(std::min<uint64_t>(req.lengths[b], t + chunk_tokens)),
-                              siblings > 1 ? plan.parts++ : kNoPart, 0, 0, first, siblings, kAllHeads, 0, 0, 0});
+                              siblings > 1 ? plan.parts++ : kNoPart, 0, 0, first, siblings, kAllHeads, 0, 0, 0, 0, 0, 0});
       t += chunk_tokens;
     } while (t < req.lengths[b]);
   }

@@ -34,6 +34,10 @@ struct PlanRecord {
   uint32_t start;       // the sequence's position that token 0 of the ranges is (a window's first page)
   uint32_t q_row;       // the first query token's row of q, out and lse
   uint32_t tokens;      // query tokens: token i (row q_row + i) sees [0, length - tokens + i]
+  // A GPU extend's tree mask (PkvRecord's; the planner leaves it 0: causal).
+  uint32_t mask_stride;
+  uint32_t new_begin;
+  uint64_t mask;
 };
 
 // What a backend can hold of a plan: a GPU keeps plans in fixed device buffers (so a captured graph

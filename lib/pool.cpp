@@ -435,6 +435,7 @@ void pkv_pool::extend(const pkv_extend_args &a) {
   batch.q_offsets = a.q_offsets;
   batch.mask = a.mask;
   batch.mask_offsets = a.mask_offsets;
+  batch.mask_bytes = a.mask_bytes;
   batch.variants = variants;
   std::lock_guard<std::mutex> device(ctx_->mu);
   batch.config = &plans_.config(*ctx_->backend, geometry_, pkv::kMaxQueryTokens * (a.q_heads / geometry_.kv_heads));

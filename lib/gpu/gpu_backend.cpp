@@ -220,21 +220,24 @@ class GpuBackend final : public Backend {
 
   // An extend's new tokens run as records of the decode's kernels: each entry's tokens in blocks of
   // up to kMaxQueryTokens, a block attending like a decode of that many query tokens over the
-  // sequence up to its last token (so causally), in plans of at most max_sequences blocks that the
-  // plan buffer holds. Tree masks are the CPU backend's alone for now.
+  // sequence up to its last token (so causally; a tree mask hides new tokens besides), in plans of
+  // at most max_sequences blocks that the plan buffer holds.
   void extend(const PoolGeometry &g, const ExtendBatch &b) override {
-    if (b.mask)
-      fail(PKV_ERR_UNSUPPORTED, "the %s backend's extend runs causal attention only: tree masks need the CPU backend "
-           "(PKV_BACKEND=cpu) for now", dev_->name());
     Current current(rt_);
     put_table(g, b.table);
     const Attention a{b.layer, b.q_heads, b.q_offsets[b.count], b.scale, b.q_format, b.out_format, b.memory,
-                      b.q, b.out, b.lse, b.variants};
+                      b.q, b.out, b.lse, b.variants, b.mask, b.mask ? b.mask_bytes : 0};
     if (a.rows == 0) return;
-    // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows.
+    // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows,
+    // with their tree-mask rows (the plan's records get them below).
+    struct Tree {
+      uint64_t at;
+      uint32_t stride, new_begin;
+    };
     std::vector<uint32_t> lengths, starts, slots, q_rows, tokens;
+    std::vector<Tree> trees;
     for (uint32_t e = 0; e < b.count; e++) {
-      const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n;
+      const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n, stride = (n + 7) / 8;
       for (uint32_t i = 0; i < n; i += kMaxQueryTokens) {
         const uint32_t t = std::min(kMaxQueryTokens, n - i), end = first + i + t;
         uint32_t start = uint32_t(b.variants.first_seen(first + i));
@@ -244,6 +247,7 @@ class GpuBackend final : public Backend {
         slots.push_back(b.seq_slots[e]);
         q_rows.push_back(b.q_offsets[e] + i);
         tokens.push_back(t);
+        if (b.mask) trees.push_back({b.mask_offsets[e] + uint64_t(i) * stride, stride, first});
       }
     }
     const DecodeConfig &k = *b.config;
@@ -254,7 +258,13 @@ class GpuBackend final : public Backend {
       PlanBatch pb{&lengths[at], &slots[at], n, g.page_size, g.kv_heads, 0, &starts[at], kMaxQueryTokens};
       pb.q_rows = &q_rows[at];
       pb.tokens = &tokens[at];
-      const DecodePlan plan = make_plan(k.plan, pb);
+      DecodePlan plan = make_plan(k.plan, pb);
+      if (b.mask)
+        for (PlanRecord &r : plan.records)
+          if (r.seq != kNoSeq) {
+            const Tree &tree = trees[at + r.seq];
+            r.mask = tree.at, r.mask_stride = tree.stride, r.new_begin = tree.new_begin;
+          }
       upload_plan(staging_, g, plan, k.plan.limits.records, n);
       launch(g, k, plan, a, io, n, kMaxQueryTokens);
     }
@@ -431,7 +441,7 @@ class GpuBackend final : public Backend {
   }
 
   // A call's attention as the kernels take it: `rows` query tokens of q_heads heads each in q, out and
-  // lse, where `memory` says, and the rest of the call's fields.
+  // lse, where `memory` says, the rest of the call's fields, and an extend's tree masks (host memory).
   struct Attention {
     uint32_t layer, q_heads, rows;
     float scale;
@@ -441,13 +451,15 @@ class GpuBackend final : public Backend {
     void *out;
     float *lse;
     AttentionVariants variants;
+    const uint8_t *mask = nullptr;
+    uint64_t mask_bytes = 0;
   };
 
-  // Where the kernels find q, out, lse, sinks and slopes: the caller's own in device memory; from
-  // host memory q, sinks and slopes sent in one transfer, out and lse (from align16(out_bytes)) in a
-  // scratch buffer, copied back by unstage.
+  // Where the kernels find q, out, lse, sinks, slopes and masks: the caller's own in device memory;
+  // from host memory q, sinks, slopes and the masks sent in one transfer, out and lse (from
+  // align16(out_bytes)) in a scratch buffer, copied back by unstage.
   struct Staged {
-    DevPtr q, out, lse, sinks, slopes;
+    DevPtr q, out, lse, sinks, slopes, mask;
     uint64_t out_bytes;
   };
 
@@ -460,10 +472,11 @@ class GpuBackend final : public Backend {
     const uint64_t q_at = host ? up.add(a.q, q_bytes) : 0;
     const uint64_t sinks_at = host && v.sinks ? up.add(v.sinks, uint64_t(a.q_heads) * 4) : 0;
     const uint64_t slopes_at = host && v.slopes ? up.add(v.slopes, uint64_t(a.q_heads) * 4) : 0;
+    const uint64_t mask_at = a.mask ? up.add(a.mask, a.mask_bytes) : 0;
     const DevPtr dev = staging_.send(up);
     auto caller = [&](const void *ptr, uint64_t at) { return !ptr ? 0 : host ? dev + at : DevPtr(uintptr_t(ptr)); };
-    Staged s{caller(a.q, q_at), 0, 0, caller(v.sinks, sinks_at), caller(v.slopes, slopes_at),
-             heads * g.head_dim * io_elem_bytes(a.out_format)};
+    Staged s{caller(a.q, q_at),     0, 0, caller(v.sinks, sinks_at), caller(v.slopes, slopes_at),
+             a.mask ? dev + mask_at : 0, heads * g.head_dim * io_elem_bytes(a.out_format)};
     if (host) {
       staging_.ensure(&decode_out_, align16(s.out_bytes) + heads * 4);
       s.out = decode_out_.ptr;
@@ -528,6 +541,7 @@ class GpuBackend final : public Backend {
     p.transform = v.softcap != 0.0f || v.slopes;
     p.sinks = io.sinks;
     p.slopes = io.slopes;
+    p.mask = io.mask;
 
     const Function fn = static_cast<Function>(k.kernel);
     if (k.family == KernelFamily::tensor_core) {

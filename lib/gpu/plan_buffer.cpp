@@ -14,7 +14,8 @@ namespace {
 static_assert(sizeof(PlanRecord) == sizeof(PkvRecord) && PKV_SAME_FIELD(seq) && PKV_SAME_FIELD(token_begin) &&
                   PKV_SAME_FIELD(token_end) && PKV_SAME_FIELD(part) && PKV_SAME_FIELD(slot) &&
                   PKV_SAME_FIELD(length) && PKV_SAME_FIELD(first_part) && PKV_SAME_FIELD(siblings) &&
-                  PKV_SAME_FIELD(head) && PKV_SAME_FIELD(start) && PKV_SAME_FIELD(q_row) && PKV_SAME_FIELD(tokens),
+                  PKV_SAME_FIELD(head) && PKV_SAME_FIELD(start) && PKV_SAME_FIELD(q_row) && PKV_SAME_FIELD(tokens) &&
+                  PKV_SAME_FIELD(mask_stride) && PKV_SAME_FIELD(new_begin) && PKV_SAME_FIELD(mask),
               "plan records cross to the device as they are");
 #undef PKV_SAME_FIELD
 static_assert(kNoPart == UINT32_MAX && kAllHeads == UINT32_MAX, "the kernels' markers");

@@ -87,6 +87,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
   const uint32_t visible = c.length - c.tokens + tok + 1; // counted from c.start
   const ScoreVariants vary = score_variants(p, kLog2e);
   const float slope = head_valid ? row_slope(p, h * group + g, kLog2e) : 0.0f;
+  const uint8_t *tree = head_valid ? tree_row(p, c, tok) : nullptr;
 
   // l and acc take each tile's sums with compensation (compensated_sum.cuh): a tile's few weights
   // add plainly, the running sums carry what each tile's addition lost.
@@ -155,7 +156,7 @@ template <int D, uint32_t KF, uint32_t VF> __device__ void decode_cuda_core(cons
       for (int j = 0; j < VEC; j++) dot += q[j] * k[j];
 #pragma unroll
       for (int o = BDX / 2; o > 0; o /= 2) dot += shfl_xor(dot, o, BDX);
-      s[i] = t < c.token_end && t < visible ? dot : -INFINITY;
+      s[i] = t < c.token_end && t < visible && !tree_hides(tree, c.new_begin, c.start + t) ? dot : -INFINITY;
       if (vary.on && s[i] != -INFINITY) s[i] = vary_score(s[i], t, visible, slope, vary);
       tile_max = fmaxf(tile_max, s[i]);
     }

@@ -40,6 +40,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   // dropped, taking a quarter of the sum's tail and 1.7e-4 off lse at 16K tokens.
   float q[T][NV], acc[T][NV], acc_lost[T][NV], m[T], l[T], l_lost[T], slope[T];
   uint32_t visible[T]; // positions below this are the row's context (counted from c.start)
+  const uint8_t *tree[T]; // the row's tree-mask bits, or null
 #pragma unroll
   for (int g = 0; g < T; g++) {
     m[g] = -INFINITY;
@@ -48,6 +49,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
     const uint32_t tok = (g0 + g) / group;
     visible[g] = c.length - c.tokens + tok + 1;
     slope[g] = g < gt ? row_slope(p, h * group + (g0 + g) % group, 1.0f) : 0.0f;
+    tree[g] = g < gt ? tree_row(p, c, tok) : nullptr;
     const uint64_t head = (uint64_t(c.q_row) + tok) * p.q_heads + h * group + (g0 + g) % group;
 #pragma unroll
     for (int j = 0; j < NV; j++) {
@@ -73,7 +75,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
 #pragma unroll
     for (int g = 0; g < T; g++) {
       if (g >= gt) break;
-      if (t >= visible[g]) continue;
+      if (t >= visible[g] || tree_hides(tree[g], c.new_begin, uint32_t(at))) continue;
       float s = 0.0f;
 #pragma unroll
       for (int j = 0; j < NV; j++) s += q[g][j] * kv[j];

@@ -165,6 +165,11 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     // Positions each of this thread's rows sees (counted from c.start), and their variants.
     RowLimits<T::TROWS> limits;
     limits.vary = score_variants(p, kLog2e);
+    limits.tree = tree_row(p, c, 0);
+    limits.tree_stride = c.mask_stride;
+    limits.first_visible = length - c.tokens + 1;
+    limits.start = c.start;
+    limits.new_begin = c.new_begin;
 #pragma unroll
     for (int i = 0; i < T::TROWS; i++) {
       const uint32_t r = mt * ROWS + T::row_of_thread(lane, i), row = z * block_rows + r;
@@ -346,9 +351,13 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     const int masked_head = p.transform                       ? tiles
                             : window_edge > c.token_begin ? min(tiles, int((window_edge - c.token_begin + TILE - 1) / TILE))
                                                           : 0;
+    // And under a tree mask, from the tile holding the first new token on.
+    const int masked_tail = !c.mask_stride                         ? tiles
+                            : c.new_begin <= c.start + c.token_begin ? 0
+                                                                     : int((c.new_begin - c.start - c.token_begin) / TILE);
     int tile = 0;
     for (; tile < masked_head; tile++) round(tile, std::false_type{});
-    for (; tile + M::NS + 1 < tiles; tile++) round(tile, std::true_type{});
+    for (; tile + M::NS + 1 < tiles && tile < masked_tail; tile++) round(tile, std::true_type{});
     for (; tile < tiles; tile++) round(tile, std::false_type{});
     cp_async_wait<0>();
 

@@ -87,6 +87,11 @@ typedef struct PkvRecord {
   uint32_t start;      /* the sequence's position of token 0: token t lies at position start + t */
   uint32_t q_row;      /* the record's first query token's row of q, out and lse ([row][q_heads]) */
   uint32_t tokens;     /* its query tokens: token i (of rows q_row + i) sees [0, length - tokens + i] */
+  /* An extend's tree mask (mask_stride 0: causal): token i's row of bits is mask_stride bytes at
+   * PkvDecodeParams.mask + mask + i * mask_stride; bit j covers the sequence's position new_begin + j. */
+  uint32_t mask_stride;
+  uint32_t new_begin;
+  uint64_t mask;
 } PkvRecord;
 
 /* The start of a pool's plan buffer. The arrays after it sit at offsets fixed by the pool's capacity
@@ -119,6 +124,7 @@ typedef struct PkvDecodeParams {
   uint32_t transform;  /* 1: window, softcap or slopes change scores (every round masks) */
   uint64_t sinks;      /* float [q_heads] on the device: a sink logit per query head */
   uint64_t slopes;     /* float [q_heads] on the device: an ALiBi slope per query head */
+  uint64_t mask;       /* an extend's tree masks on the device (PkvRecord.mask counts from here) */
 } PkvDecodeParams;
 
 /* A read-only pass over `bytes` (a multiple of 16) for the bandwidth measurement. */

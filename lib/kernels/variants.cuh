@@ -1,4 +1,5 @@
-// The attention variants (pagedkv.h, section 7a) on the device, shared by the decode kernels. Each
+// The attention variants (pagedkv.h, section 7a) and an extend's tree masks on the device, shared by
+// the decode kernels. Each
 // kernel keeps its scores in its own units, natural or log2 (scale * log2 e already applied): `unit`
 // (1 or kLog2e) turns the natural-log quantities of the call into them. Positions are those of a
 // query row's context counted from the plan's start, so distances are what the call's are.
@@ -38,6 +39,17 @@ __device__ __forceinline__ float vary_score(float s, uint32_t t, uint32_t visibl
   if (v.window && distance >= v.window) return -INFINITY;
   if (v.cap > 0.0f) s = v.cap * tanhf(s / v.cap);
   return s - slope * float(distance);
+}
+
+// An extend's tree mask (PkvRecord.mask): query token `tok`'s row of bits, null where the record is
+// causal; whether that row hides the sequence's position `at`: a new token whose bit is clear.
+__device__ __forceinline__ const uint8_t *tree_row(const PkvDecodeParams &p, const PkvRecord &c, uint32_t tok) {
+  return c.mask_stride ? reinterpret_cast<const uint8_t *>(p.mask) + c.mask + uint64_t(tok) * c.mask_stride : nullptr;
+}
+__device__ __forceinline__ bool tree_hides(const uint8_t *row, uint32_t new_begin, uint32_t at) {
+  if (!row || at < new_begin) return false;
+  const uint32_t j = at - new_begin;
+  return !(row[j >> 3] >> (j & 7) & 1u);
 }
 
 // Joins a sink logit (kernel units, -inf: none) to a row's softmax, given as its base `top` and the sum

@@ -697,9 +697,6 @@ CALL(get_api_out_null, return pkv_get_api(PKV_API_VERSION, NULL))
 #define BAD(fn, expect) {#fn, fn, 0, expect, PKV_OK, 0}
 #define BAD2(fn, expect, also) {#fn, fn, 0, expect, also, 0}
 #define OK(fn) {#fn, fn, 0, PKV_OK, PKV_OK, 0}
-/* A valid extend with a tree mask: accepted by the CPU backend, refused by the GPU backends, whose
- * extend is causal only for now. */
-#define NO_MASKS_OR_OK(fn) {#fn, fn, 0, PKV_OK, PKV_ERR_UNSUPPORTED, 0}
 /* larger_also: a status the larger struct's call may get instead of success, past the size check. */
 #define SIZES_OR(fn, larger_mutates, larger_also)                                                     \
   {#fn " 0", fn, SZ_ZERO, PKV_ERR_STRUCT_SIZE, PKV_OK, 0},                                           \
@@ -919,7 +916,7 @@ static const bad_case cases[] = {
     BAD(extend_mask_offset_huge, INVALID),
     BAD(extend_mask_without_self, INVALID),
     BAD(extend_mask_sees_later, INVALID),
-    NO_MASKS_OR_OK(extend_mask_bits_past_tokens),
+    OK(extend_mask_bits_past_tokens),
     OK(extend_twice),
     OK(extend_no_rows_null),
     OK(extend_count_0_null),
@@ -1050,8 +1047,7 @@ static void valid_calls_succeed(void **state) {
   CHECK_OK(pkv_context_backend(f->ctx, &backend));
   pkv_extend_args x = good_extend(f), xm = good_masked_extend(f);
   CHECK_OK(pkv_extend(f->pool, &x));
-  if (backend == PKV_BACKEND_CPU) CHECK_OK(pkv_extend(f->pool, &xm));
-  else pu_assert_fails(pkv_extend(f->pool, &xm), PKV_ERR_UNSUPPORTED); /* tree masks: the CPU backend's */
+  CHECK_OK(pkv_extend(f->pool, &xm));
   CHECK_OK(pkv_convert_from_f32(PKV_FORMAT_Q4_0, conv_src, 64, conv_dst));
   CHECK_OK(pkv_convert_to_f32(PKV_FORMAT_Q8_0, conv_dst, 32, conv_src));
   const pkv_api *api = NULL;

@@ -16,7 +16,7 @@
  *   decode   extend with T_b <= 8 gives pkv_decode's bits (q_tokens = T_b, chunk_pages = UINT32_MAX),
  *            on the CPU backend;
  *   random   seeded engine scenarios: prefill chunks, decode steps, forks and truncations, masks.
- * The GPU backends run every case but those with tree masks, which they refuse (one case checks it).
+ * Every case runs on every backend.
  *
  * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
 #include <stdarg.h>
@@ -289,11 +289,6 @@ static void report(const model *m, const worst *w) {
                 tol.out_rel + oracle_out_rounding(m->s.out), w->lse, tol.lse_abs);
 }
 
-/* Tree masks are the CPU backend's alone for now (one case checks the GPU backends' refusal). */
-static int has_masks(void) { return g_backend == PKV_BACKEND_CPU; }
-static void need_masks(void) {
-  if (!has_masks()) skip();
-}
 /* Extend's bits equal decode's on the CPU backend (its extend runs decode's attention item for item);
  * a GPU backend plans an extend's blocks of tokens under its own kernel configuration. */
 static void need_cpu_bits(void) {
@@ -442,7 +437,6 @@ static void prefix_case(void **state) {
 }
 
 static void tree_case(void **state) {
-  need_masks();
   const shape *s = *state;
   tu_rng r = tu_rng_stream(g_seed, 3000 + (uint64_t)(s - few));
   model m;
@@ -551,35 +545,11 @@ static void random_case(void **state) {
       batch_add(&b, i, n);
     }
     if (b.count == 0) continue;
-    if (action == 3 && has_masks()) batch_tree_masks(&m, &b);
+    if (action == 3) batch_tree_masks(&m, &b);
     extend_and_check(&m, &b, "random", &w);
     free(b.mask);
   }
   report(&m, &w);
-  model_close(&m);
-}
-
-/* On a backend without tree masks: the refusal, its status and text, and nothing changed. */
-static void refusal_case(void **state) {
-  (void)state;
-  if (has_masks()) skip();
-  const shape s = {F16, F16, 128, 1, 4, 16, F32, F32, F32, 0.0f};
-  model m;
-  model_open(&m, &s, 64, 8, tu_rng_stream(g_seed, 9000));
-  const uint32_t i = model_alloc(&m);
-  model_grow(&m, i, 5);
-  batch b = {0};
-  batch_add(&b, i, 5);
-  batch_tree_masks(&m, &b);
-  const pkv_pool_stats before = pu_stats(m.pool);
-  float q[5 * 4 * 128] = {0}, out[5 * 4 * 128], lse[5 * 4];
-  pkv_seq seqs[1];
-  const pkv_extend_args a = extend_args(&m, &b, seqs, 0, q, out, lse);
-  pu_assert_fails(pkv_extend(m.pool, &a), PKV_ERR_UNSUPPORTED);
-  assert_non_null(strstr(pkv_last_error(), "tree masks need the CPU backend"));
-  const pkv_pool_stats after = pu_stats(m.pool);
-  pu_assert_stats_equal(&after, &before);
-  free(b.mask);
   model_close(&m);
 }
 
@@ -596,10 +566,9 @@ static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFun
 int main(void) {
   g_seed = tu_seed();
   g_backend = pu_run_backend();
-  struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS + 1];
+  struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS];
   size_t n = 0;
   char name[160];
-  add(tests, &n, "refusal", refusal_case, NULL);
   for (uint32_t c = 0; c < MATRIX; c++) {
     const shape s = matrix_shape(c);
     snprintf(name, sizeof name, "matrix k=%s v=%s hd=%u kvh=%u group=%u page=%u", pkv_format_name(s.k),

@@ -11,7 +11,7 @@
  *            after pkv_seq_release_before gives their pages back (pool stats), and every call that
  *            needs a released position fails and changes nothing;
  *   fork     pages a fork shares survive the other holder's release: the fork reads them back.
- * Every case runs on every backend; the extends' tree masks only where the backend has them (the CPU).
+ * Every case runs on every backend.
  *
  * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
 #include <stdarg.h>
@@ -33,7 +33,6 @@
 enum { MAX_SEQS = 8, MAX_Q_HEADS = 32, MAX_T = 8 };
 
 static uint64_t g_seed;
-static pkv_backend g_backend;
 
 /* A one-layer pool and the test's copy of what its pages hold. */
 typedef struct model {
@@ -281,8 +280,6 @@ static void extend_and_check(model *m, const uint32_t *idx, const uint32_t *toke
   free(lse);
 }
 
-/* Whether the backend's extend takes tree masks (the GPU backends' runs causal attention only). */
-static int has_masks(void) { return g_backend == PKV_BACKEND_CPU; }
 
 /* ---------------------------------------------------------------------------------------------------
  * The matrix: 25 format pairs x 4 draws of the variants' 16 combinations.
@@ -314,7 +311,7 @@ static void matrix_case(void **state) {
     snprintf(what, sizeof what, "decode, variants %u, chunk_pages %u", bits, chunk_pages[round]);
     decode_and_check(&m, idx, 5, 1 + tu_below(&m.rng, MAX_T), chunk_pages[round], &x, what, &w);
     const uint32_t tokens[4] = {1 + tu_below(&m.rng, 9), tu_below(&m.rng, 30), 1 + tu_below(&m.rng, 70), 0};
-    const int masked = round % 2 && has_masks();
+    const int masked = round % 2;
     snprintf(what, sizeof what, "extend, variants %u, %s", bits, masked ? "tree masks" : "causal");
     extend_and_check(&m, idx + 1, tokens, 4, masked, &x, what, &w);
   }
@@ -433,7 +430,6 @@ static void fork_case(void **state) {
 
 int main(void) {
   g_seed = tu_seed();
-  g_backend = pu_run_backend();
   struct CMUnitTest tests[MATRIX + 2];
   char *names[MATRIX];
   size_t n = 0;

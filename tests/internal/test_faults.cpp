@@ -374,8 +374,7 @@ const Scenario kScenarios[] = {
     {"decode_variants", kDecodeOut, queries, [](World &w) { return decode(w, true, true); }, true, Reach::device},
     {"extend", kExtendOut, queries, [](World &w) { return extend(w, false, false); }, true, Reach::device},
     {"extend_variants", kExtendOut, queries, [](World &w) { return extend(w, false, true); }, true, Reach::device},
-    // Tree masks are the CPU backend's alone for now.
-    {"extend_masked", kExtendOut, queries, [](World &w) { return extend(w, true, true); }, true, Reach::cpu},
+    {"extend_masked", kExtendOut, queries, [](World &w) { return extend(w, true, true); }, true, Reach::device},
     // a's first two pages (of 4 tokens), shared with the fork: only dereferenced.
     {"seq_release_before", 0, [](World &w) { w.a_from = 9; }, [](World &w) {
        return pkv_seq_release_before(w.pool, w.a, 9); }, true, Reach::device},

@@ -29,17 +29,22 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // narrow tile at one block a multiprocessor, that measured 1-2% slower than reducing every stage).
 constexpr float kMaxSlack = 1.0f; // log2 units
 
-// What a thread's NR query rows see: the positions below visible[i] (counted from the plan's start),
-// and what changes their scores (variants.cuh; log2 units): each row's ALiBi slope, the call's window
-// and soft cap.
+// What a thread's NR query rows see: the positions below visible[i] (counted from the plan's start)
+// less what a tree mask hides (the record's rows from `tree`, null: causal; a row's token is
+// visible[i] - first_visible), and what changes their scores (variants.cuh; log2 units): each row's
+// ALiBi slope, the call's window and soft cap.
 template <int NR> struct RowLimits {
   uint32_t visible[NR];
   float slope[NR];
   ScoreVariants vary;
+  const uint8_t *tree;
+  uint32_t tree_stride, first_visible, start, new_begin;
 
   // Score s of token t for row i, -inf where the row does not see t.
   __device__ __forceinline__ float score(int i, uint32_t t, uint32_t token_end, float s) const {
     if (!(t < token_end && t < visible[i])) return -INFINITY;
+    if (tree && tree_hides(tree + uint64_t(visible[i] - first_visible) * tree_stride, new_begin, start + t))
+      return -INFINITY;
     return vary.on ? vary_score(s, t, visible[i], slope[i], vary) : s;
   }
 };
