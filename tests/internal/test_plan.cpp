@@ -331,18 +331,19 @@ class ConfigBackend final : public Backend {
 };
 
 // The cache asks the backend once per shape; its plan stays resident while nothing it was made from
-// changes (lengths, page-table rows, starts, chunk size, the configuration's plan part), and is the
-// plan make_plan makes, its records carrying the starts.
+// changes (lengths, page-table rows, starts, query tokens, chunk size, the configuration's plan
+// part), and is the plan make_plan makes, its records carrying the starts and query rows.
 void test_cache_reuses_same_batch(void **) {
   Batch b{{1000, 70000, 0, 5}, 16, 8, 264};
   std::vector<uint32_t> slots = {3, 1, 4, 2}, starts = {0, 0, 0, 0};
+  uint32_t q_tokens = 1;
   ConfigBackend backend;
   backend.plan = config(b, PlanLimits{}, Balance::never);
   const PoolGeometry g{};
   PlanCache cache;
   auto get = [&](uint32_t rows, uint32_t chunk_pages) -> const PlanCache::Entry & {
     return cache.get(backend, g, rows,
-                     {b.lengths.data(), slots.data(), 4, b.page_size, b.kv_heads, chunk_pages, starts.data()});
+                     {b.lengths.data(), slots.data(), 4, b.page_size, b.kv_heads, chunk_pages, starts.data(), q_tokens});
   };
   auto expect_resident = [&](uint32_t rows, uint32_t chunk_pages, bool resident) {
     const PlanCache::Entry &e = get(rows, chunk_pages);
@@ -351,7 +352,7 @@ void test_cache_reuses_same_batch(void **) {
     b.slots = slots;
     DecodePlan fresh = plan_of(b, chunk_pages, PlanLimits{});
     for (PlanRecord &r : fresh.records)
-      if (r.seq != kNoSeq) r.start = starts[r.seq];
+      if (r.seq != kNoSeq) r.start = starts[r.seq], r.q_row = r.seq * q_tokens, r.tokens = q_tokens;
     assert_int_equal(e.plan.records.size(), fresh.records.size());
     assert_memory_equal(e.plan.records.data(), fresh.records.data(), fresh.records.size() * sizeof(PlanRecord));
     cache.set_resident(true);
@@ -370,6 +371,9 @@ void test_cache_reuses_same_batch(void **) {
   expect_resident(4, 4, false);
   expect_resident(4, 4, true);
   starts[1] = 32; // a window moved on
+  expect_resident(4, 4, false);
+  expect_resident(4, 4, true);
+  q_tokens = 3; // speculative tokens: each sequence's rows move
   expect_resident(4, 4, false);
   expect_resident(4, 4, true);
   // A failed backend call leaves the plan buffer unknown.

@@ -88,7 +88,7 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
   std::vector<uint32_t> slots(count), starts(count);
   for (uint32_t i = 0; i < count; i++) slots[i] = (7 * i + 3) % kMaxSequences, starts[i] = (i % 5) * g.page_size;
   const DecodePlan plan =
-      make_plan(config.plan, {lengths.data(), slots.data(), count, g.page_size, g.kv_heads, 0, starts.data()});
+      make_plan(config.plan, {lengths.data(), slots.data(), count, g.page_size, g.kv_heads, 0, starts.data(), 3});
   if ((balance == Balance::never) != (plan.workers == 0))
     fail_msg("kv_heads %u, head_dim %u, %zu sequences (the first %u tokens): a %s plan where a %s one was asked for",
              g.kv_heads, g.head_dim, lengths.size(), lengths[0], plan.workers ? "balanced" : "uniform",
@@ -141,6 +141,8 @@ void check_upload(Setup &s, const std::vector<uint32_t> &lengths, Balance balanc
     assert_int_equal(r.slot, slots[r.seq]);
     assert_int_equal(r.length, lengths[r.seq]);
     assert_int_equal(r.start, starts[r.seq]);
+    assert_int_equal(r.q_row, r.seq * 3); // q_tokens 3: sequence b's rows from 3 b
+    assert_int_equal(r.tokens, 3);
     if (per_head) assert_true(r.head < g.kv_heads);
     else assert_int_equal(r.head, kAllHeads);
     by_pair[size_t(r.seq) * heads + (per_head ? r.head : 0)].push_back(r);
