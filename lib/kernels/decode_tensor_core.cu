@@ -70,6 +70,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
   __shared__ int s_last;
+  __shared__ ItemLimits s_item;
   __shared__ StageRow stage_rows[M::NS][TILE];
   // Bulk copies: a stage's mbarrier; each copying thread arrives once per use.
   constexpr bool KB = kBulkCopies && !K::quantized, VB = kBulkCopies && !V::quantized;
@@ -162,14 +163,11 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       }
     };
 
-    // Positions each of this thread's rows sees (counted from c.start), and their variants.
-    RowLimits<T::TROWS> limits;
-    limits.vary = score_variants(p, kLog2e);
-    limits.tree = tree_row(p, c, 0);
-    limits.tree_stride = c.mask_stride;
-    limits.first_visible = length - c.tokens + 1;
-    limits.start = c.start;
-    limits.new_begin = c.new_begin;
+    // Positions each of this thread's rows sees (counted from c.start), and their variants; what the
+    // item's rows share goes to shared memory (written before the barrier below).
+    if (tid == 0)
+      s_item = {score_variants(p, kLog2e), tree_row(p, c, 0), c.mask_stride, length - c.tokens + 1, c.start, c.new_begin};
+    RowLimits<T::TROWS> limits{{}, {}, s_item};
 #pragma unroll
     for (int i = 0; i < T::TROWS; i++) {
       const uint32_t r = mt * ROWS + T::row_of_thread(lane, i), row = z * block_rows + r;
@@ -344,13 +342,11 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       if constexpr (!T::GROUPED) sync_rows(); // the stage is refilled next
       last = slot, slot = slot + 1 == M::NS ? 0 : slot + 1;
     };
-    // Rounds that mask: the last NS + 1 (the chunk's end), every one where scores change (soft cap,
-    // ALiBi), and those holding the positions a window may hide: c.start is the window's first page
-    // for the record's first query token, a later one's starts up to tokens - 1 positions on.
+    // Rounds that mask: the last NS + 1 (the chunk's end) and those holding the positions a window may
+    // hide: c.start is the window's first page for the record's first query token, a later one's
+    // starts up to tokens - 1 positions on.
     const uint32_t window_edge = p.window ? pool.page_size + c.tokens - 1 : 0;
-    const int masked_head = p.transform                       ? tiles
-                            : window_edge > c.token_begin ? min(tiles, int((window_edge - c.token_begin + TILE - 1) / TILE))
-                                                          : 0;
+    const int masked_head = window_edge > c.token_begin ? min(tiles, int((window_edge - c.token_begin + TILE - 1) / TILE)) : 0;
     // And under a tree mask, from the tile holding the first new token on.
     const int masked_tail = !c.mask_stride                         ? tiles
                             : c.new_begin <= c.start + c.token_begin ? 0

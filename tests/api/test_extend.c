@@ -359,8 +359,11 @@ static const shape few[] = {
     {BF16, Q8_0, 128, 1, 3, 16, F16, F32, F32, 0.0f},
 };
 
-/* Within float32 rounding of the same sums: the chunks attend the same positions in the same blocks. */
-static double agree_tol(pkv_format out) { return 1e-6 + 2.0 * oracle_out_rounding(out); }
+/* The chunks and the whole call sum the same terms; a GPU backend may split them into other split-K
+ * chunks (its plans follow each call's shape), so they agree within decode's bound between splits,
+ * 1e-5 relative (docs/testing.md), and the output format's rounding. */
+static const double kAgreeLse = 1e-5;
+static double agree_tol(pkv_format out) { return 1e-5 + 2.0 * oracle_out_rounding(out); }
 
 static void chunks_case(void **state) {
   const shape *s = *state;
@@ -399,7 +402,7 @@ static void chunks_case(void **state) {
       d2 += (a - c) * (a - c);
       r2 += a * a;
     }
-    if (sqrt(d2 / fmax(r2, 1e-300)) > agree_tol(s->out) || fabs((double)whole_lse[row] - chunked_lse[row]) > 1e-6)
+    if (sqrt(d2 / fmax(r2, 1e-300)) > agree_tol(s->out) || fabs((double)whole_lse[row] - chunked_lse[row]) > kAgreeLse)
       fail_msg("query %zu head %zu: %u chunks differ from the whole call by %.3g (lse %.9g vs %.9g)", row / m.q_heads,
                row % m.q_heads, chunks, sqrt(d2 / fmax(r2, 1e-300)), (double)chunked_lse[row], (double)whole_lse[row]);
   }

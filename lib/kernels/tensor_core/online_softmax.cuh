@@ -19,7 +19,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // Online softmax over a warp's 16 tokens of a stage, NE scores a thread: score e belongs to the
 // thread's row row_of(e) (of NR) and to token token_of(e). MASK: hides what a row may not see (tokens
 // past the chunk, past a speculative token's position or before its window, every token from a
-// padding row) and applies the variants that change scores (RowLimits::score), and leaves
+// padding row); either way the cap and ALiBi change the scores where set (RowLimits); it leaves
 // the weights P = 2^(s - m) in s. LAZY: a row's base m moves only when a score passes it, to that
 // stage's max (`reduce` takes the max over the lanes that share the row) plus kMaxSlack; else it is
 // the running max, reduced every stage. The output is rescaled through rescale(correction) when a
@@ -29,23 +29,34 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // narrow tile at one block a multiprocessor, that measured 1-2% slower than reducing every stage).
 constexpr float kMaxSlack = 1.0f; // log2 units
 
-// What a thread's NR query rows see: the positions below visible[i] (counted from the plan's start)
-// less what a tree mask hides (the record's rows from `tree`, null: causal; a row's token is
-// visible[i] - first_visible), and what changes their scores (variants.cuh; log2 units): each row's
-// ALiBi slope, the call's window and soft cap.
-template <int NR> struct RowLimits {
-  uint32_t visible[NR];
-  float slope[NR];
+// What the query rows of a block's work item share, kept in shared memory so that it holds none of
+// a thread's registers: the variants (variants.cuh; log2 units) and the record's tree mask (`tree`
+// null: causal; a row's token is its visible count less first_visible).
+struct ItemLimits {
   ScoreVariants vary;
   const uint8_t *tree;
   uint32_t tree_stride, first_visible, start, new_begin;
+};
+
+// What a thread's NR query rows see: the positions below visible[i] (counted from the plan's start)
+// less what the item's tree mask hides, and what changes their scores: each row's ALiBi slope and
+// the item's variants.
+template <int NR> struct RowLimits {
+  uint32_t visible[NR];
+  float slope[NR];
+  const ItemLimits &item;
 
   // Score s of token t for row i, -inf where the row does not see t.
   __device__ __forceinline__ float score(int i, uint32_t t, uint32_t token_end, float s) const {
     if (!(t < token_end && t < visible[i])) return -INFINITY;
-    if (tree && tree_hides(tree + uint64_t(visible[i] - first_visible) * tree_stride, new_begin, start + t))
+    if (item.tree &&
+        tree_hides(item.tree + uint64_t(visible[i] - item.first_visible) * item.tree_stride, item.new_begin, item.start + t))
       return -INFINITY;
-    return vary.on ? vary_score(s, t, visible[i], slope[i], vary) : s;
+    return item.vary.on ? vary_score(s, t, visible[i], slope[i], item.vary) : s;
+  }
+  // Score s of token t for row i where the row sees t (an unmasked round), the cap and ALiBi applied.
+  __device__ __forceinline__ float change(int i, uint32_t t, float s) const {
+    return change_score(s, visible[i] - 1 - t, slope[i], item.vary);
   }
 };
 
@@ -55,6 +66,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[NE], float (&m)[NR], f
                                                Rescale rescale) {
   float tile_max[NR];
   bool passed = false, moved = false;
+  if (!MASK && limits.item.vary.change) // one uniform test a stage
+#pragma unroll
+    for (int e = 0; e < NE; e++) s[e] = limits.change(row_of(e), token_of(e), s[e]);
 #pragma unroll
   for (int i = 0; i < NR; i++) tile_max[i] = -INFINITY;
 #pragma unroll

@@ -98,14 +98,19 @@ template <int D, uint32_t KF, uint32_t VF> struct Group : TileBase<D, KF, VF> {
     }
     float s[4 * NT], tile_max[TROWS];
     auto row_of = [](int e) { return 2 * (e / 4) + e % 2; };
+    auto token_of = [&](int e) { return t_warp + gid + 8 * (e % 4 / 2); };
 #pragma unroll
     for (int i = 0; i < TROWS; i++) tile_max[i] = -INFINITY;
 #pragma unroll
     for (int e = 0; e < 4 * NT; e++) {
       s[e] = acc[e / 4][e % 4];
-      if (MASK) s[e] = limits.score(row_of(e), t_warp + gid + 8 * (e % 4 / 2), token_end, s[e]);
-      tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
+      if (MASK) s[e] = limits.score(row_of(e), token_of(e), token_end, s[e]);
     }
+    if (!MASK && limits.item.vary.change) // one uniform test a stage
+#pragma unroll
+      for (int e = 0; e < 4 * NT; e++) s[e] = limits.change(row_of(e), token_of(e), s[e]);
+#pragma unroll
+    for (int e = 0; e < 4 * NT; e++) tile_max[row_of(e)] = fmaxf(tile_max[row_of(e)], s[e]);
     bool passed = false;
 #pragma unroll
     for (int i = 0; i < TROWS; i++) passed |= tile_max[i] > m[i];
