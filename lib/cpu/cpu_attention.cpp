@@ -11,9 +11,12 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
-// GCC or Clang: the vector extension, and on x86-64 target attributes for the AVX2 variant.
+// GCC or Clang: the vector extension, and on x86-64 target attributes for the AVX2 and AVX-512
+// variants.
 #define PKV_ALWAYS_INLINE inline __attribute__((always_inline))
 
 namespace pkv {
@@ -174,12 +177,25 @@ template <int W> PKV_ALWAYS_INLINE float weights(float *p, uint32_t n, float top
 // The instruction sets a variant is compiled for: W floats a vector, and F16 rows to floats by the
 // widest conversion the set has (every conversion here is exact, so every variant decodes a row to
 // the same floats).
+// bf16_row: n BF16 values to floats, each moved into a float's upper half.
 // scaled_group: one group of 32 signed quants times its scale (dequantize_q8_0's arithmetic), by
 // the set's own widening instructions: GCC 12 turns a vector-extension conversion from 8-bit to
-// wider lanes into one scalar conversion a lane. The variants take and give memory, not vectors:
-// a vector wider than the caller's target is passed differently on each side of the call.
-struct Generic {
-  static constexpr int W = 4;
+// wider lanes into one scalar conversion a lane (for aarch64 from 16-bit lanes too). The variants
+// take and give memory, not vectors: a vector wider than the caller's target is passed differently
+// on each side of the call.
+template <int Width> struct VectorIsa {
+  static constexpr int W = Width;
+  static PKV_ALWAYS_INLINE void bf16_row(const uint8_t *src, uint32_t n, float *dst) {
+    for (uint32_t i = 0; i < n; i += W) {
+      Vector<uint16_t, W> h;
+      std::memcpy(&h, src + 2 * i, sizeof h);
+      const Vector<uint32_t, W> w = __builtin_convertvector(h, Vector<uint32_t, W>) << 16;
+      std::memcpy(dst + i, &w, sizeof w);
+    }
+  }
+};
+
+struct Generic : VectorIsa<4> {
   static void f16_row(const uint8_t *src, uint32_t n, float *dst) { load_f16(src, n, dst); }
   static PKV_ALWAYS_INLINE void scaled_group(const int8_t *q, float s, float *dst) {
     for (uint32_t j = 0; j < kGroup; j++) dst[j] = float(q[j]) * s;
@@ -191,8 +207,7 @@ struct Generic {
 #define PKV_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
 // Plain inline, not always_inline: GCC and Clang inline a function of a narrower target into one of
 // a wider target, but refuse always_inline through the template in between.
-struct Avx2 {
-  static constexpr int W = 8;
+struct Avx2 : VectorIsa<8> {
   PKV_AVX2 static inline void f16_row(const uint8_t *src, uint32_t n, float *dst) {
     for (uint32_t i = 0; i < n; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 2 * i))));
@@ -204,8 +219,7 @@ struct Avx2 {
     }
   }
 };
-struct Avx512 {
-  static constexpr int W = 16;
+struct Avx512 : VectorIsa<16> {
   // Zero-masked forms: GCC 12 warns of the plain ones' undefined pass-through operand.
   PKV_AVX512 static inline void f16_row(const uint8_t *src, uint32_t n, float *dst) {
     for (uint32_t i = 0; i < n; i += 16)
@@ -218,17 +232,26 @@ struct Avx512 {
     }
   }
 };
-#endif
-
-// n BF16 values to floats, W at a time: each moved into a float's upper half.
-template <int W> PKV_ALWAYS_INLINE void bf16_row(const uint8_t *src, uint32_t n, float *dst) {
-  for (uint32_t i = 0; i < n; i += W) {
-    Vector<uint16_t, W> h;
-    std::memcpy(&h, src + 2 * i, sizeof h);
-    const Vector<uint32_t, W> w = __builtin_convertvector(h, Vector<uint32_t, W>) << 16;
-    std::memcpy(dst + i, &w, sizeof w);
+#elif defined(__aarch64__)
+// NEON is part of every ARMv8-A processor: no target attribute, nothing to detect.
+struct Neon {
+  static constexpr int W = 4;
+  static PKV_ALWAYS_INLINE void f16_row(const uint8_t *src, uint32_t n, float *dst) {
+    for (uint32_t i = 0; i < n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(src + 2 * i))));
   }
-}
+  static PKV_ALWAYS_INLINE void bf16_row(const uint8_t *src, uint32_t n, float *dst) {
+    for (uint32_t i = 0; i < n; i += 4)
+      vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vreinterpret_u16_u8(vld1_u8(src + 2 * i)), 16)));
+  }
+  static PKV_ALWAYS_INLINE void scaled_group(const int8_t *q, float s, float *dst) {
+    for (uint32_t j = 0; j < kGroup; j += 8) {
+      const int16x8_t h = vmovl_s8(vld1_s8(q + j));
+      vst1q_f32(dst + j, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), s));
+      vst1q_f32(dst + j + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(h)), s));
+    }
+  }
+};
+#endif
 
 // A Q8_0 row of n values (quants, then the row's group scales) to floats.
 template <class Isa> PKV_ALWAYS_INLINE void q8_0_row(const uint8_t *quants, const uint8_t *scales, uint32_t n, float *dst) {
@@ -263,7 +286,7 @@ template <class Isa, pkv_format F>
 PKV_ALWAYS_INLINE void convert_row(const uint8_t *data, const uint8_t *scales, uint32_t D, float *dst) {
   if constexpr (F == PKV_FORMAT_F32) std::memcpy(dst, data, size_t(D) * 4);
   else if constexpr (F == PKV_FORMAT_F16) Isa::f16_row(data, D, dst);
-  else if constexpr (F == PKV_FORMAT_BF16) bf16_row<Isa::W>(data, D, dst);
+  else if constexpr (F == PKV_FORMAT_BF16) Isa::bf16_row(data, D, dst);
   else if constexpr (F == PKV_FORMAT_Q8_0) q8_0_row<Isa>(data, scales, D, dst);
   else q4_0_row<Isa>(data, scales, D, dst);
 }
@@ -418,6 +441,9 @@ void attend_generic(const AttendTask &t) { attend<Generic>(t); }
 // multiply-adds fuse (this file builds with -ffp-contract=fast: it quantizes nothing).
 PKV_AVX2 void attend_avx2(const AttendTask &t) { attend<Avx2>(t); }
 PKV_AVX512 void attend_avx512(const AttendTask &t) { attend<Avx512>(t); }
+#elif defined(__aarch64__)
+// Generic's vectors with NEON's conversions of F16, BF16 and quantized rows.
+void attend_neon(const AttendTask &t) { attend<Neon>(t); }
 #endif
 
 } // namespace
@@ -457,6 +483,8 @@ AttendKernel attend_kernel(const char *want) {
 #if defined(__x86_64__)
       {"avx512", {attend_avx512, "AVX-512"}, avx512},
       {"avx2", {attend_avx2, "AVX2 + FMA + F16C"}, avx2},
+#elif defined(__aarch64__)
+      {"neon", {attend_neon, "NEON"}, true},
 #endif
       {"generic", {attend_generic, "generic"}, true},
   };
@@ -473,6 +501,8 @@ AttendKernel attend_kernel(const char *want) {
 const char *attend_kernel_names() {
 #if defined(__x86_64__)
   return "avx512, avx2 or generic";
+#elif defined(__aarch64__)
+  return "neon or generic";
 #else
   return "generic";
 #endif

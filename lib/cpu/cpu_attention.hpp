@@ -1,8 +1,8 @@
 // The CPU backend's attention of query rows of one KV head over a range of a sequence's positions
 // (decode's chunks, extend's blocks of new tokens): online softmax over blocks of tokens, every query
-// row against each K/V row decoded once. Compiled for any processor of the target and (x86-64, GCC
-// or Clang) for AVX2 with FMA and F16C and for AVX-512: the widest the processor runs is taken at
-// run time.
+// row against each K/V row decoded once. Compiled for any processor of the target, on x86-64 (GCC
+// or Clang) for AVX2 with FMA and F16C and for AVX-512 too (the widest the processor runs is taken
+// at run time), and on aarch64 for NEON too (every ARMv8-A processor has it: taken by default).
 #pragma once
 
 #include <cstdint>
@@ -69,7 +69,7 @@ void add_sink(float *out, uint32_t D, float *lse, float sink);
 
 struct AttendKernel {
   void (*run)(const AttendTask &task);
-  const char *name; // "AVX-512", "AVX2 + FMA + F16C" or "generic"
+  const char *name; // "AVX-512", "AVX2 + FMA + F16C", "NEON" or "generic"
 };
 
 // The variant for `want`, PKV_CPU_KERNEL's value: null or empty, the widest this processor runs; a

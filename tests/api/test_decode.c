@@ -620,9 +620,6 @@ int main(void) {
   add_tests(tests, &n, "interleave", interleave, TU_COUNT(interleave), interleave_case);
   const size_t named = n; /* add_tests' names are allocated */
   tests[n++] = (struct CMUnitTest)cmocka_unit_test(unwritten_slots_read_as_zeros);
-  /* PKV_TEST_FILTER="pattern" (cmocka's * and ? wildcards) runs only the cases it names. */
-  const char *filter = getenv("PKV_TEST_FILTER");
-  if (filter && *filter) cmocka_set_test_filter(filter);
   int failed = tu_run_group("decode", tests, n, NULL, NULL);
   for (size_t i = 0; i < named; i++) free((void *)tests[i].name);
   return failed;

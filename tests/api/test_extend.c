@@ -590,8 +590,6 @@ int main(void) {
     snprintf(name, sizeof name, "random %u", k);
     add(tests, &n, name, random_case, (void *)(uintptr_t)k);
   }
-  const char *filter = getenv("PKV_TEST_FILTER");
-  if (filter && *filter) cmocka_set_test_filter(filter);
   const int failed = tu_run_group("extend", tests, n, NULL, NULL);
   for (size_t i = 0; i < n; i++) free((void *)tests[i].name);
   return failed;

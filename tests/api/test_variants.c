@@ -444,8 +444,6 @@ int main(void) {
     tests[n].initial_state = (void *)(uintptr_t)c;
     n++;
   }
-  const char *filter = getenv("PKV_TEST_FILTER");
-  if (filter && *filter) cmocka_set_test_filter(filter);
   const int failed = tu_run_group("variants", tests, n, NULL, NULL);
   for (uint32_t c = 0; c < MATRIX; c++) free(names[c]);
   return failed;

@@ -49,6 +49,7 @@ int tu_run_group(const char *group_name, const struct CMUnitTest *tests, size_t 
                  CMFixtureFunction group_teardown_fn) {
   struct CMUnitTest *wrapped = (struct CMUnitTest *)calloc(count ? count : 1, sizeof *wrapped);
   tu_record *records = (tu_record *)calloc(count ? count : 1, sizeof *records);
+  const char *filter = getenv("PKV_TEST_FILTER");
   int failed;
   size_t i;
   if (!wrapped || !records) {
@@ -66,6 +67,7 @@ int tu_run_group(const char *group_name, const struct CMUnitTest *tests, size_t 
   g_group_teardown = group_teardown_fn;
   g_group_state = NULL;
   g_started = g_returned = 0;
+  if (filter && *filter) cmocka_set_test_filter(filter);
   failed = _cmocka_run_group_tests(group_name, wrapped, count, group_setup_fn ? group_setup : NULL,
                                    group_teardown_fn ? group_teardown : NULL);
   free(wrapped);

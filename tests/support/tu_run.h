@@ -1,7 +1,8 @@
 /* Runs a group of cmocka tests as cmocka_run_group_tests does, with one difference in the exit status:
  * when no test failed and every test that ran skipped, it returns 77, which meson (and automake) count
  * as a skipped test program rather than a pass. A failure returns 1 (cmocka's own count of failures
- * could be 77 too). Every test program's main returns through it. */
+ * could be 77 too). Every test program's main returns through it. PKV_TEST_FILTER="pattern" (cmocka's
+ * * and ? wildcards) runs only the cases it names. */
 #ifndef PKV_TU_RUN_H
 #define PKV_TU_RUN_H
 
