@@ -371,8 +371,8 @@ PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *arg
  * any window. sinks and alibi_slopes (q_heads floats each) live where `memory` says, as q does: with
  * PKV_MEMORY_DEVICE they stay on the device (a model's weights; a captured graph reads them there)
  * and their values are the caller's to keep valid (a NaN gives NaN rows); in host memory they are
- * checked, and read before the call returns. Every backend's decode has every variant; pkv_extend
- * has them where it runs (the CPU backend).
+ * checked, and read before the call returns. Every backend runs every variant in pkv_decode and
+ * pkv_extend.
  *
  * A sequence whose early positions no query will see again (every layer of the pool windowed) can give
  * their pages back with pkv_seq_release_before. An engine whose model mixes windowed and full layers
