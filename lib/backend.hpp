@@ -107,6 +107,13 @@ struct AttentionVariants {
   bool any() const { return sinks || slopes || window || softcap != 0.0f; }
   // The first position a query at `position` sees.
   uint64_t first_seen(uint64_t position) const { return window && position >= window ? position + 1 - window : 0; }
+  // Where a plan covering a query at `position` starts: the first position of the page holding the
+  // first one it sees (chunks stay whole pages; a page holding a position still seen is never
+  // released), the kernels hiding the few before the window.
+  uint32_t plan_start(uint64_t position, uint32_t page_size) const {
+    const uint64_t first = first_seen(position);
+    return uint32_t(first - first % page_size);
+  }
 };
 
 // One layer's attention for a batch; sequence b's pages are the page-table row seq_slots[b]. Query

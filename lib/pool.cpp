@@ -365,9 +365,8 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
     if (lengths[i] < a.q_tokens)
       fail(PKV_ERR_INVALID_ARGUMENT, "seqs[%u] holds %u tokens, fewer than q_tokens %u: append and write the query "
            "tokens first", i, lengths[i], a.q_tokens);
-    starts[i] = uint32_t(variants.first_seen(lengths[i] - a.q_tokens));
-    check_held(s, starts[i], i, "decode");
-    starts[i] -= starts[i] % geometry_.page_size; // the page holding a held position is held
+    check_held(s, variants.first_seen(lengths[i] - a.q_tokens), i, "decode");
+    starts[i] = variants.plan_start(lengths[i] - a.q_tokens, geometry_.page_size);
     spans[i] = lengths[i] - starts[i];
   }
   pkv::Backend &backend = *ctx_->backend;

@@ -240,8 +240,7 @@ class GpuBackend final : public Backend {
       const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n, stride = (n + 7) / 8;
       for (uint32_t i = 0; i < n; i += kMaxQueryTokens) {
         const uint32_t t = std::min(kMaxQueryTokens, n - i), end = first + i + t;
-        uint32_t start = uint32_t(b.variants.first_seen(first + i));
-        start -= start % g.page_size; // as pkv_pool::run_decode plans a window
+        const uint32_t start = b.variants.plan_start(first + i, g.page_size);
         lengths.push_back(end - start);
         starts.push_back(start);
         slots.push_back(b.seq_slots[e]);
@@ -426,8 +425,7 @@ class GpuBackend final : public Backend {
            dev_->identity().c_str(), dev_->describe(c.result).c_str());
   }
 
-  // Applies the batch's queued table changes and, unless the pool's plan buffer holds it already,
-  // sends the plan.
+  // Applies a call's queued table changes.
   void put_table(const PoolGeometry &g, const TableUpdates &t) {
     if (!t.count) return;
     Upload up;
@@ -435,6 +433,8 @@ class GpuBackend final : public Backend {
     apply_table(g, t, staging_.send(up) + at);
   }
 
+  // Applies the batch's queued table changes and, unless the pool's plan buffer holds it already,
+  // sends the plan.
   void put_plan(const PoolGeometry &g, const DecodeBatch &b) {
     put_table(g, b.table);
     if (!b.plan_resident) upload_plan(staging_, g, *b.plan, b.config->plan.limits.records, b.count);
@@ -475,7 +475,7 @@ class GpuBackend final : public Backend {
     const uint64_t mask_at = a.mask ? up.add(a.mask, a.mask_bytes) : 0;
     const DevPtr dev = staging_.send(up);
     auto caller = [&](const void *ptr, uint64_t at) { return !ptr ? 0 : host ? dev + at : DevPtr(uintptr_t(ptr)); };
-    Staged s{caller(a.q, q_at),     0, 0, caller(v.sinks, sinks_at), caller(v.slopes, slopes_at),
+    Staged s{caller(a.q, q_at), 0, 0, caller(v.sinks, sinks_at), caller(v.slopes, slopes_at),
              a.mask ? dev + mask_at : 0, heads * g.head_dim * io_elem_bytes(a.out_format)};
     if (host) {
       staging_.ensure(&decode_out_, align16(s.out_bytes) + heads * 4);
@@ -556,7 +556,6 @@ class GpuBackend final : public Backend {
       if (plan.parts) rt_.launch(merge_, count * q_tokens, a.q_heads, 1, &p, std::min(256u, g.head_dim));
     }
   }
-
 
   // Sends the image's page list and zeroes the checksum, then calls each(first block, blocks) over the
   // payload's blocks in chunks: the staging chunk's size for host images, launches of at most
