@@ -12,6 +12,7 @@
  *   3. Enumerations (backends, formats, memory kinds)
  *   4. Contexts (a backend, a device, a stream)
  *   5. Pools and sequences
+ *  5a. FP8 scales
  *   6. Append, write and read of K/V rows
  *   7. Decode
  *  7a. Attention variants (sliding window, soft-capping, sinks, ALiBi) and releasing early pages
@@ -121,7 +122,12 @@ typedef enum pkv_backend {
 } pkv_backend;
 
 /* Element formats. Pages may use any of them; q, out and source rows use F32, F16 or BF16.
- * Q8_0 and Q4_0 follow ggml's arithmetic in groups of 32 values along head_dim with an fp16 scale. */
+ * Q8_0 and Q4_0 follow ggml's arithmetic in groups of 32 values along head_dim with an fp16 scale.
+ * FP8_E4M3 and FP8_E5M2 are the OCP 8-bit floats, one byte a value, stored through the pool's FP8
+ * scales (section 5a): E4M3 has 4 exponent bits (bias 7) and 3 mantissa bits, largest 448, no
+ * infinities, NaN S.1111.111; E5M2 has 5 (bias 15) and 2, largest 57344, infinities and NaNs as in
+ * IEEE 754. A float becomes FP8 rounded to nearest even; a magnitude past the largest finite value
+ * (an infinity too) saturates to it; a NaN stays NaN (S.1111.111 in both). */
 typedef enum pkv_format {
   PKV_FORMAT_INVALID = 0,
   PKV_FORMAT_F32 = 1,
@@ -129,6 +135,8 @@ typedef enum pkv_format {
   PKV_FORMAT_BF16 = 3,
   PKV_FORMAT_Q8_0 = 4,
   PKV_FORMAT_Q4_0 = 5,
+  PKV_FORMAT_FP8_E4M3 = 6,
+  PKV_FORMAT_FP8_E5M2 = 7,
   PKV_FORMAT_MIN_ = -0x7fffffff - 1,
   PKV_FORMAT_MAX_ = 0x7fffffff
 } pkv_format;
@@ -215,7 +223,7 @@ typedef struct pkv_pool_desc {
   uint32_t page_size;       /* tokens per page: a power of two, 1..1024 (default 16) */
   uint32_t pages;           /* capacity in pages, >= 1 */
   uint32_t max_sequences;   /* live sequences at once, 1..1048576 (default 256) */
-  pkv_format k_format;      /* F32, F16, BF16, Q8_0 or Q4_0 (default F16) */
+  pkv_format k_format;      /* F32, F16, BF16, Q8_0, Q4_0, FP8_E4M3 or FP8_E5M2 (default F16) */
   pkv_format v_format;      /* chosen independently of k_format (default F16) */
   uint32_t page_order_seed; /* 0: free pages handed out lowest id first; else shuffled with this seed */
   uint32_t max_sequence_length; /* tokens one sequence may hold (capped at pages * page_size); 0: that
@@ -241,6 +249,41 @@ PKV_API pkv_status pkv_seq_truncate(pkv_pool *pool, pkv_seq seq, uint32_t new_le
 PKV_API pkv_status pkv_seq_length(pkv_pool *pool, pkv_seq seq, uint32_t *out);
 
 /* ---------------------------------------------------------------------------------------------------
+ * 5a. FP8 scales
+ *
+ * An FP8 plane (a k_format or v_format of FP8_E4M3 or FP8_E5M2) has a float scale for each layer and
+ * KV head, given by the engine (a checkpoint's calibrated k_scale and v_scale; a per-tensor scale is
+ * the same for every KV head of a layer). With s the scale of the row's layer and KV head:
+ *   - pkv_write stores a value x as the code fp8(x / s), x / s rounded to float32 first;
+ *   - pkv_read gives a code c as value(c) * s, rounded to float32, then to dst_format;
+ *   - pkv_decode and pkv_extend attend over value(c) * s (K's scale and V's).
+ * Scales are finite and > 0; each is 1.0 until set. A new pool's scales are set with one
+ * pkv_pool_set_scales over all its layers, before any row is written (pkv_pool_desc keeps its
+ * layout). A scale set later applies to the codes already stored (they are not rewritten), so set a
+ * layer's scales before its rows are written. Planes of
+ * the other formats have no scales. Sequence images and page spans hold the codes, not the scales:
+ * a pool that imports them reads them with its own.
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct pkv_scales_args {
+  uint32_t struct_size;
+  uint32_t first_layer;
+  uint32_t layer_count;  /* layers [first_layer, first_layer + layer_count); 0: to the last layer */
+  uint32_t per_head;     /* 0: a scale per layer ([layer_count]); 1: [layer_count][kv_heads] */
+  const float *k_scales; /* NULL: K's scales stay; else host memory of the shape per_head says */
+  const float *v_scales; /* NULL: V's scales stay */
+} pkv_scales_args;
+#define PKV_SCALES_ARGS_INIT { (uint32_t)sizeof(pkv_scales_args), 0, 0, 0, NULL, NULL }
+
+/* Sets scales, every value checked before any changes. Work enqueued before the call reads the old
+ * scales, work enqueued after it the new ones (a GPU backend waits for its stream). */
+PKV_API pkv_status pkv_pool_set_scales(pkv_pool *pool, const pkv_scales_args *args);
+/* The scales of layers [first_layer, first_layer + layer_count) (layer_count 0: to the last layer)
+ * into k_scales and v_scales (host memory, [layers][kv_heads] each; either may be NULL); a plane of
+ * another format gives 1.0. */
+PKV_API pkv_status pkv_pool_get_scales(pkv_pool *pool, uint32_t first_layer, uint32_t layer_count, float *k_scales,
+                                       float *v_scales);
+
+/* ---------------------------------------------------------------------------------------------------
  * 6. Append, write and read
  * ------------------------------------------------------------------------------------------------- */
 
@@ -253,7 +296,7 @@ PKV_API pkv_status pkv_append(pkv_pool *pool, const pkv_seq *seqs, const uint32_
 /* Fills K/V rows of one layer: for each i < count, rows for the newest n_tokens[i] positions of
  * seqs[i], i.e. positions [length - n_tokens[i], length). Rows are packed over the batch:
  * k and v are [sum n_tokens][kv_heads][head_dim] in src_format (F32, F16 or BF16), and are quantized
- * into the page format (Q8_0/Q4_0 with ggml's arithmetic). Host rows are copied before the call
+ * into the page format (Q8_0/Q4_0 with ggml's arithmetic, FP8 through its scales). Host rows are copied before the call
  * returns. The target positions must not lie in a page shared with another sequence. */
 typedef struct pkv_write_args {
   uint32_t struct_size;
@@ -410,7 +453,8 @@ PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out);
 
 /* Converts n values (a multiple of 32 for Q8_0/Q4_0) between F32 and another format's row encoding.
  * Q8_0 and Q4_0 use ggml's block layout (34- and 18-byte blocks: fp16 scale, then the quants), so
- * engines can import and export rows in the form they already use. */
+ * engines can import and export rows in the form they already use; FP8 rows are one code a value,
+ * with no scale (a scale of 1). */
 PKV_API pkv_status pkv_convert_from_f32(pkv_format dst_format, const float *src, size_t n, void *dst);
 PKV_API pkv_status pkv_convert_to_f32(pkv_format src_format, const void *src, size_t n, float *dst);
 /* Bytes n values take in a format's row encoding (0 when n is not valid for the format). */
@@ -579,7 +623,7 @@ PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args);
  * serves every caller that asks for a version from 1 to N. Entries are named after the functions
  * without their pkv_ prefix; version 1's follow this header's order. docs/abi.md states the rules.
  * ------------------------------------------------------------------------------------------------- */
-#define PKV_API_VERSION 5
+#define PKV_API_VERSION 6
 
 typedef struct pkv_api {
   uint32_t struct_size; /* sizeof the library's table */
@@ -625,6 +669,10 @@ typedef struct pkv_api {
   pkv_status (*extend)(pkv_pool *pool, const pkv_extend_args *args);
   /* version 5 */
   pkv_status (*seq_release_before)(pkv_pool *pool, pkv_seq seq, uint32_t position);
+  /* version 6 */
+  pkv_status (*pool_set_scales)(pkv_pool *pool, const pkv_scales_args *args);
+  pkv_status (*pool_get_scales)(pkv_pool *pool, uint32_t first_layer, uint32_t layer_count, float *k_scales,
+                                float *v_scales);
 } pkv_api;
 
 /* Sets *out to the library's table when it offers `version` (from 1 to the library's PKV_API_VERSION;

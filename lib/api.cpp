@@ -45,6 +45,7 @@ PKV_STRUCT_INFO(pkv_pool_stats, PKV_POOL_STATS_INIT, bytes_per_token)
 PKV_STRUCT_INFO(pkv_export_args, PKV_EXPORT_ARGS_INIT, image_bytes)
 PKV_STRUCT_INFO(pkv_import_args, PKV_IMPORT_ARGS_INIT, image_bytes)
 PKV_STRUCT_INFO(pkv_extend_args, PKV_EXTEND_ARGS_INIT, mask_bytes)
+PKV_STRUCT_INFO(pkv_scales_args, PKV_SCALES_ARGS_INIT, v_scales)
 #undef PKV_STRUCT_INFO
 
 template <class T> T read_struct(const T *p, const char *what) {
@@ -70,7 +71,8 @@ bool power_of_two(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 void check_page_format(pkv_format f, const char *what) {
   if (!pkv::is_page_format(f))
-    fail(PKV_ERR_INVALID_ARGUMENT, "%s is %d: expected one of f32, f16, bf16, q8_0, q4_0", what, int(f));
+    fail(PKV_ERR_INVALID_ARGUMENT, "%s is %d: expected one of f32, f16, bf16, q8_0, q4_0, fp8_e4m3, fp8_e5m2", what,
+         int(f));
 }
 
 // n values of a row in `f`: a multiple of 32 for quantized formats, and bytes that fit in size_t.
@@ -83,6 +85,24 @@ void check_row_count(pkv_format f, size_t n) {
 
 constexpr uint32_t kMaxKvHeads = 4096;
 constexpr uint64_t kMaxBandwidthBytes = uint64_t(1) << 48; // 256 TiB
+
+// pkv_pool_set_scales' scales for `count` layers: only for FP8 planes, each finite and > 0.
+void check_scales(const pkv::PoolGeometry &g, uint32_t count, const pkv_scales_args &a) {
+  if (a.per_head > 1) fail(PKV_ERR_INVALID_ARGUMENT, "args->per_head is %u: expected 0 (a scale per layer) or 1", a.per_head);
+  const size_t n = size_t(count) * (a.per_head ? g.kv_heads : 1);
+  for (int plane = 0; plane < 2; plane++) {
+    const float *given = plane ? a.v_scales : a.k_scales;
+    const pkv_format f = (plane ? g.v : g.k).format;
+    const char *name = plane ? "v_scales" : "k_scales";
+    if (!given) continue;
+    if (!pkv::is_fp8(f))
+      fail(PKV_ERR_INVALID_ARGUMENT, "args->%s is set but the pool's %s pages are %s: only FP8 pages have scales", name,
+           plane ? "V" : "K", pkv_format_name(f));
+    for (size_t i = 0; i < n; i++)
+      if (!(given[i] > 0.0f) || std::isinf(given[i]))
+        fail(PKV_ERR_INVALID_ARGUMENT, "args->%s[%zu] is %g: a scale is finite and > 0", name, i, double(given[i]));
+  }
+}
 
 void check_pool_desc(const pkv_pool_desc &d) {
   if (d.layers == 0) fail(PKV_ERR_INVALID_ARGUMENT, "desc->layers is 0");
@@ -319,6 +339,8 @@ PKV_API const char *pkv_format_name(pkv_format format) {
   case PKV_FORMAT_BF16: return "bf16";
   case PKV_FORMAT_Q8_0: return "q8_0";
   case PKV_FORMAT_Q4_0: return "q4_0";
+  case PKV_FORMAT_FP8_E4M3: return "fp8_e4m3";
+  case PKV_FORMAT_FP8_E5M2: return "fp8_e5m2";
   default: return "unknown";
   }
 }
@@ -492,6 +514,26 @@ PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
     write_struct(out, p.stats(), "out");
+  });
+}
+
+PKV_API pkv_status pkv_pool_set_scales(pkv_pool *pool, const pkv_scales_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    pkv_scales_args a = read_struct(args, "args");
+    const pkv::PoolGeometry &g = p.geometry();
+    a.layer_count = check_layer_range(g, a.first_layer, a.layer_count);
+    check_scales(g, a.layer_count, a);
+    p.set_scales(a);
+  });
+}
+
+PKV_API pkv_status pkv_pool_get_scales(pkv_pool *pool, uint32_t first_layer, uint32_t layer_count, float *k_scales,
+                                       float *v_scales) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    const uint32_t count = check_layer_range(p.geometry(), first_layer, layer_count);
+    p.get_scales(first_layer, count, k_scales, v_scales);
   });
 }
 

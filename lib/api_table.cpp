@@ -45,6 +45,8 @@ constexpr pkv_api make_table() {
   t.seq_page_spans = pkv_seq_page_spans;
   t.extend = pkv_extend;
   t.seq_release_before = pkv_seq_release_before;
+  t.pool_set_scales = pkv_pool_set_scales;
+  t.pool_get_scales = pkv_pool_get_scales;
   return t;
 }
 

@@ -178,6 +178,9 @@ class Backend {
   // little.
   virtual DevPtr alloc(uint64_t bytes) = 0;
   virtual void release(DevPtr ptr) noexcept = 0;
+  // `bytes` of host memory into device memory, after the work queued before and before the work
+  // queued after; src may be reused on return.
+  virtual void write_device(DevPtr dst, const void *src, uint64_t bytes) = 0;
 
   virtual void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) = 0;
   virtual void scatter(const PoolGeometry &g, const ScatterArgs &args) = 0;

@@ -43,11 +43,38 @@ uint16_t f32_to_bf16(float x) {
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+uint8_t f32_to_fp8(pkv_format f, float x) {
+  const bool e4m3 = f == PKV_FORMAT_FP8_E4M3;
+  const uint32_t mantissa = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, largest = e4m3 ? 0x7eu : 0x7bu;
+  const uint32_t u = float_bits(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);
+  uint32_t code;
+  if (a < (127u + 1 - bias) << 23) {
+    // Below the smallest normal: units of the smallest subnormal, 2^(1 - bias - mantissa), rounded by
+    // the float unit (the scaling by a power of two is exact).
+    code = uint32_t(std::nearbyint(float_from_bits(a) * (e4m3 ? 512.0f : 65536.0f)));
+  } else {
+    // Drop 23 - mantissa bits, rounding to nearest even (a carry bumps the exponent), then rebias.
+    const uint32_t shift = 23 - mantissa;
+    const uint32_t rounded = a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u);
+    code = (rounded >> shift) - ((127u - bias) << mantissa);
+  }
+  return uint8_t(sign | std::min(code, largest));
+}
+
+void load_fp8(pkv_format f, const uint8_t *src, size_t n, float scale, float *dst) {
+  for (size_t i = 0; i < n; i++) dst[i] = fp8_to_f32(f, src[i]) * scale;
+}
+
+void store_fp8(pkv_format f, const float *src, size_t n, float scale, uint8_t *dst) {
+  for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(f, src[i] / scale);
+}
+
 bool is_io_format(pkv_format f) {
   return f == PKV_FORMAT_F32 || f == PKV_FORMAT_F16 || f == PKV_FORMAT_BF16;
 }
 
-bool is_page_format(pkv_format f) { return is_io_format(f) || is_quantized(f); }
+bool is_page_format(pkv_format f) { return is_io_format(f) || is_quantized(f) || is_fp8(f); }
 
 size_t io_elem_bytes(pkv_format f) { return f == PKV_FORMAT_F32 ? 4 : 2; }
 
@@ -207,12 +234,14 @@ void quantize_group(pkv_format f, const float *x, uint16_t *d, uint8_t *q) {
 } // namespace
 
 size_t row_bytes(pkv_format f, size_t n) {
+  if (is_fp8(f)) return n;
   if (is_io_format(f)) return n <= SIZE_MAX / io_elem_bytes(f) ? n * io_elem_bytes(f) : 0;
   if (!is_quantized(f) || n % kGroup != 0) return 0;
   return n / kGroup * (2 + group_quant_bytes(f));
 }
 
 void encode_ggml_row(pkv_format f, const float *src, size_t n, void *dst) {
+  if (is_fp8(f)) return store_fp8(f, src, n, 1.0f, static_cast<uint8_t *>(dst));
   if (is_io_format(f)) return store_io(f, src, n, dst);
   auto *p = static_cast<uint8_t *>(dst);
   const size_t block = 2 + group_quant_bytes(f);
@@ -224,6 +253,7 @@ void encode_ggml_row(pkv_format f, const float *src, size_t n, void *dst) {
 }
 
 void decode_ggml_row(pkv_format f, const void *src, size_t n, float *dst) {
+  if (is_fp8(f)) return load_fp8(f, static_cast<const uint8_t *>(src), n, 1.0f, dst);
   if (is_io_format(f)) return load_io(f, src, n, dst);
   const auto *p = static_cast<const uint8_t *>(src);
   const size_t block = 2 + group_quant_bytes(f);
@@ -242,15 +272,16 @@ PlaneLayout make_plane_layout(pkv_format f, uint32_t kv_heads, uint32_t page_siz
     l.row_data_bytes = uint64_t(head_dim / kGroup) * group_quant_bytes(f);
     l.row_scale_bytes = uint64_t(head_dim / kGroup) * 2;
   } else {
-    l.row_data_bytes = uint64_t(head_dim) * io_elem_bytes(f);
+    l.row_data_bytes = uint64_t(head_dim) * elem_bytes(f);
   }
   l.scale_offset = align64(rows * l.row_data_bytes);
   l.bytes = align64(l.scale_offset + rows * l.row_scale_bytes);
   return l;
 }
 
-void encode_row(const PlaneLayout &l, uint8_t *part, uint32_t head, uint32_t slot, const float *src) {
+void encode_row(const PlaneLayout &l, uint8_t *part, uint32_t head, uint32_t slot, float scale, const float *src) {
   uint8_t *data = part + l.data_at(head, slot);
+  if (is_fp8(l.format)) return store_fp8(l.format, src, l.head_dim, scale, data);
   if (!is_quantized(l.format)) return store_io(l.format, src, l.head_dim, data);
   uint8_t *scales = part + l.scale_at(head, slot);
   const uint32_t qb = group_quant_bytes(l.format);

@@ -48,10 +48,25 @@ inline float f16_to_f32(uint16_t h) {
 
 inline float bf16_to_f32(uint16_t h) { return float_from_bits(uint32_t(h) << 16); }
 
+// FP8 (OCP): E5M2 is an F16's upper byte; E4M3's exponent and mantissa, moved to an F16's, make an
+// F16 of 2^-8 times its value (subnormals included), except its NaN (S.1111.111), which has no
+// infinity beside it.
+inline float fp8_to_f32(pkv_format f, uint8_t c) {
+  if (f == PKV_FORMAT_FP8_E5M2) return f16_to_f32(uint16_t(c << 8));
+  if ((c & 0x7fu) == 0x7fu) return float_from_bits(uint32_t(c & 0x80u) << 24 | 0x7fc00000u);
+  return f16_to_f32(uint16_t((c & 0x80u) << 8 | (c & 0x7fu) << 7)) * 256.0f;
+}
+// Round to nearest even; magnitudes past the largest finite value (infinities too) saturate to it;
+// NaN stays NaN (sign.1111111).
+uint8_t f32_to_fp8(pkv_format f, float x);
+
 bool is_io_format(pkv_format f);   // F32, F16, BF16: q, out, source and destination rows
 bool is_page_format(pkv_format f); // every format a page may hold
 inline bool is_quantized(pkv_format f) { return f == PKV_FORMAT_Q8_0 || f == PKV_FORMAT_Q4_0; }
+inline bool is_fp8(pkv_format f) { return f == PKV_FORMAT_FP8_E4M3 || f == PKV_FORMAT_FP8_E5M2; }
 size_t io_elem_bytes(pkv_format f);
+// Bytes of one value of a format stored element by element (not block-quantized): 4, 2 or 1.
+inline size_t elem_bytes(pkv_format f) { return is_fp8(f) ? 1 : io_elem_bytes(f); }
 
 #if defined(__x86_64__)
 // Whether the processor (and the OS, for AVX's registers) runs F16C's conversions.
@@ -102,7 +117,12 @@ inline void dequantize_group(pkv_format f, uint16_t d, const uint8_t *q, float *
   else dequantize_q4_0(d, q, x);
 }
 
-// Bytes of n values in ggml's row encoding (blocks of scale + quants for Q formats); 0 if n is invalid.
+// n FP8 codes to floats, each times `scale`, and n floats divided by `scale` to codes.
+void load_fp8(pkv_format f, const uint8_t *src, size_t n, float scale, float *dst);
+void store_fp8(pkv_format f, const float *src, size_t n, float scale, uint8_t *dst);
+
+// Bytes of n values in ggml's row encoding (blocks of scale + quants for Q formats, a byte a value
+// for FP8); 0 if n is invalid.
 size_t row_bytes(pkv_format f, size_t n);
 void encode_ggml_row(pkv_format f, const float *src, size_t n, void *dst);
 void decode_ggml_row(pkv_format f, const void *src, size_t n, float *dst);
@@ -129,10 +149,12 @@ struct PlaneLayout {
 
 PlaneLayout make_plane_layout(pkv_format f, uint32_t kv_heads, uint32_t page_size, uint32_t head_dim);
 
-// One row of head_dim values into / out of a page part at (head, slot).
-void encode_row(const PlaneLayout &layout, uint8_t *part, uint32_t head, uint32_t slot, const float *src);
-inline void decode_row(const PlaneLayout &l, const uint8_t *part, uint32_t head, uint32_t slot, float *dst) {
+// One row of head_dim values into / out of a page part at (head, slot); `scale` is the row's FP8
+// scale (pagedkv.h, section 5a: stored codes are values / scale), ignored by the other formats.
+void encode_row(const PlaneLayout &layout, uint8_t *part, uint32_t head, uint32_t slot, float scale, const float *src);
+inline void decode_row(const PlaneLayout &l, const uint8_t *part, uint32_t head, uint32_t slot, float scale, float *dst) {
   const uint8_t *data = part + l.data_at(head, slot);
+  if (is_fp8(l.format)) return load_fp8(l.format, data, l.head_dim, scale, dst);
   if (!is_quantized(l.format)) return load_io(l.format, data, l.head_dim, dst);
   const uint8_t *scales = part + l.scale_at(head, slot);
   const uint32_t qb = group_quant_bytes(l.format);

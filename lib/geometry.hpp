@@ -21,6 +21,12 @@ struct PoolGeometry {
   DevPtr base;          // the pages
   DevPtr table;         // uint32_t [max_sequences][table_stride]
   DevPtr plan;          // the backend's decode plan buffer, or 0 (Backend::plan_buffer_bytes)
+  DevPtr scales;        // float [2][layers][kv_heads]: K's then V's FP8 scales (1 for other formats)
+
+  uint64_t scale_index(bool v, uint32_t layer, uint32_t head) const {
+    return (uint64_t(v) * layers + layer) * kv_heads + head;
+  }
+  uint64_t scales_bytes() const { return uint64_t(2) * layers * kv_heads * 4; }
 
   uint64_t block_offset(uint32_t layer, uint32_t page) const {
     return (uint64_t(layer) * pages + page) * block_bytes;

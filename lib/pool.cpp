@@ -43,11 +43,12 @@ template <class Args> pkv::AttentionVariants variants_of(const Args &a) {
 
 pkv_pool::DeviceMemory::DeviceMemory(pkv_context *c, pkv::PoolGeometry *geometry) : ctx(c), g(geometry) {
   pkv::Backend &b = *ctx->backend;
-  g->base = g->table = g->plan = 0;
+  g->base = g->table = g->plan = g->scales = 0;
   try {
     std::lock_guard<std::mutex> device(ctx->mu); // released before the handler takes it again
     g->base = b.alloc(g->total_bytes());
     g->table = b.alloc(g->table_bytes());
+    g->scales = b.alloc(g->scales_bytes());
     const uint64_t plan_bytes = b.plan_buffer_bytes(*g);
     if (plan_bytes) g->plan = b.alloc(plan_bytes);
   } catch (...) {
@@ -60,16 +61,21 @@ pkv_pool::DeviceMemory::~DeviceMemory() { release(); }
 
 void pkv_pool::DeviceMemory::release() noexcept {
   std::lock_guard<std::mutex> device(ctx->mu);
-  for (pkv::DevPtr p : {g->plan, g->table, g->base})
+  for (pkv::DevPtr p : {g->plan, g->scales, g->table, g->base})
     if (p) ctx->backend->release(p);
-  g->base = g->table = g->plan = 0;
+  g->base = g->table = g->plan = g->scales = 0;
 }
 
 pkv_pool::pkv_pool(pkv_context *ctx, const pkv_pool_desc &desc)
     : ctx_(ctx), geometry_(make_geometry(desc)), memory_(ctx, &geometry_), handles_(desc.max_sequences),
       pages_(desc.pages, desc.page_order_seed), seqs_(desc.max_sequences),
       max_length_(std::min<uint64_t>(desc.max_sequence_length ? desc.max_sequence_length : UINT32_MAX,
-                                     uint64_t(desc.pages) * desc.page_size)) {
+                                     uint64_t(desc.pages) * desc.page_size)),
+      scales_(geometry_.scales_bytes() / 4, 1.0f) {
+  {
+    std::lock_guard<std::mutex> device(ctx_->mu);
+    ctx_->backend->write_device(geometry_.scales, scales_.data(), geometry_.scales_bytes());
+  }
   ctx_->pools++;
 }
 
@@ -441,6 +447,31 @@ void pkv_pool::extend(const pkv_extend_args &a) {
   plans_.set_resident(false); // a backend may run the extend through the plan buffer
   ctx_->backend->extend(geometry_, batch);
   pending_.clear();
+}
+
+void pkv_pool::set_scales(const pkv_scales_args &a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const pkv::PoolGeometry &g = geometry_;
+  std::vector<float> next = scales_; // whole before anything changes: a failed upload keeps the old ones
+  for (int v = 0; v < 2; v++) {
+    const float *given = v ? a.v_scales : a.k_scales;
+    if (!given) continue;
+    for (uint32_t l = 0; l < a.layer_count; l++)
+      for (uint32_t h = 0; h < g.kv_heads; h++)
+        next[g.scale_index(v, a.first_layer + l, h)] = given[a.per_head ? size_t(l) * g.kv_heads + h : l];
+  }
+  std::lock_guard<std::mutex> device(ctx_->mu);
+  ctx_->backend->write_device(g.scales, next.data(), g.scales_bytes());
+  scales_.swap(next);
+}
+
+void pkv_pool::get_scales(uint32_t first, uint32_t count, float *k, float *v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t heads = geometry_.kv_heads;
+  for (int plane = 0; plane < 2; plane++) {
+    float *out = plane ? v : k;
+    if (out) std::copy_n(&scales_[geometry_.scale_index(plane, first, 0)], size_t(count) * heads, out);
+  }
 }
 
 pkv_pool_stats pkv_pool::stats() {

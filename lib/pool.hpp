@@ -40,6 +40,9 @@ struct pkv_pool {
   // Arguments checked by api.cpp: offsets, total rows and mask included.
   void extend(const pkv_extend_args &args);
   pkv_pool_stats stats();
+  // Arguments checked by api.cpp (layers, shape, values, FP8 planes only).
+  void set_scales(const pkv_scales_args &args);
+  void get_scales(uint32_t first, uint32_t count, float *k, float *v);
   // Images of layers [first, first + count) of a sequence (the range checked by api.cpp).
   uint64_t export_size(pkv_seq seq, uint32_t first, uint32_t count);
   void export_seq(const pkv_export_args &args, uint32_t first, uint32_t count);
@@ -105,4 +108,5 @@ struct pkv_pool {
   uint64_t max_length_;
   std::vector<pkv::TableEntry> pending_;
   pkv::PlanCache plans_; // under mu_, like everything the pool's calls touch
+  std::vector<float> scales_; // the host's copy of PoolGeometry::scales
 };

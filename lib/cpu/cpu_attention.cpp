@@ -197,10 +197,25 @@ template <int Width> struct VectorIsa {
 
 struct Generic : VectorIsa<4> {
   static void f16_row(const uint8_t *src, uint32_t n, float *dst) { load_f16(src, n, dst); }
+  template <pkv_format F> static PKV_ALWAYS_INLINE void fp8_row(const uint8_t *src, uint32_t n, float *dst) {
+    for (uint32_t i = 0; i < n; i++) dst[i] = fp8_to_f32(F, src[i]);
+  }
   static PKV_ALWAYS_INLINE void scaled_group(const int8_t *q, float s, float *dst) {
     for (uint32_t j = 0; j < kGroup; j++) dst[j] = float(q[j]) * s;
   }
 };
+
+// FP8 codes as F16 bits (format.hpp's fp8_to_f32): E5M2 shifted up a byte; E4M3's fields moved into
+// an F16's, which then holds 2^-8 times the value, and its NaN code made an F16 NaN. Lanes of 16-bit
+// integers, whatever the instruction set.
+#if defined(__x86_64__)
+template <pkv_format F> PKV_ALWAYS_INLINE __m128i fp8_as_f16(__m128i w) {
+  if constexpr (F == PKV_FORMAT_FP8_E5M2) return _mm_slli_epi16(w, 8);
+  const __m128i low = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+  const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(low, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
+  return _mm_or_si128(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8), _mm_slli_epi16(low, 7)), nan);
+}
+#endif
 
 #if defined(__x86_64__)
 #define PKV_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -218,6 +233,13 @@ struct Avx2 : VectorIsa<8> {
       _mm256_storeu_ps(dst + j, _mm256_mul_ps(f, _mm256_set1_ps(s)));
     }
   }
+  template <pkv_format F> PKV_AVX2 static inline void fp8_row(const uint8_t *src, uint32_t n, float *dst) {
+    const __m256 unit = _mm256_set1_ps(F == PKV_FORMAT_FP8_E4M3 ? 256.0f : 1.0f);
+    for (uint32_t i = 0; i < n; i += 8) {
+      const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(src + i)));
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(fp8_as_f16<F>(w)), unit));
+    }
+  }
 };
 struct Avx512 : VectorIsa<16> {
   // Zero-masked forms: GCC 12 warns of the plain ones' undefined pass-through operand.
@@ -231,6 +253,10 @@ struct Avx512 : VectorIsa<16> {
       _mm512_storeu_ps(dst + j, _mm512_mul_ps(f, _mm512_set1_ps(s)));
     }
   }
+  // Eight codes at a time, as AVX2's: 16 would need AVX-512's own 16-bit logic for one step of few.
+  template <pkv_format F> PKV_AVX512 static inline void fp8_row(const uint8_t *src, uint32_t n, float *dst) {
+    Avx2::fp8_row<F>(src, n, dst);
+  }
 };
 #elif defined(__aarch64__)
 // NEON is part of every ARMv8-A processor: no target attribute, nothing to detect.
@@ -242,6 +268,22 @@ struct Neon {
   static PKV_ALWAYS_INLINE void bf16_row(const uint8_t *src, uint32_t n, float *dst) {
     for (uint32_t i = 0; i < n; i += 4)
       vst1q_f32(dst + i, vreinterpretq_f32_u32(vshll_n_u16(vreinterpret_u16_u8(vld1_u8(src + 2 * i)), 16)));
+  }
+  template <pkv_format F> static PKV_ALWAYS_INLINE void fp8_row(const uint8_t *src, uint32_t n, float *dst) {
+    const float unit = F == PKV_FORMAT_FP8_E4M3 ? 256.0f : 1.0f;
+    for (uint32_t i = 0; i < n; i += 8) {
+      const uint16x8_t w = vmovl_u8(vld1_u8(src + i));
+      uint16x8_t h;
+      if constexpr (F == PKV_FORMAT_FP8_E5M2) {
+        h = vshlq_n_u16(w, 8);
+      } else {
+        const uint16x8_t low = vandq_u16(w, vdupq_n_u16(0x7f));
+        const uint16x8_t nan = vandq_u16(vceqq_u16(low, vdupq_n_u16(0x7f)), vdupq_n_u16(0x7e00));
+        h = vorrq_u16(vorrq_u16(vshlq_n_u16(vandq_u16(w, vdupq_n_u16(0x80)), 8), vshlq_n_u16(low, 7)), nan);
+      }
+      vst1q_f32(dst + i, vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h))), unit));
+      vst1q_f32(dst + i + 4, vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h))), unit));
+    }
   }
   static PKV_ALWAYS_INLINE void scaled_group(const int8_t *q, float s, float *dst) {
     for (uint32_t j = 0; j < kGroup; j += 8) {
@@ -288,7 +330,8 @@ PKV_ALWAYS_INLINE void convert_row(const uint8_t *data, const uint8_t *scales, u
   else if constexpr (F == PKV_FORMAT_F16) Isa::f16_row(data, D, dst);
   else if constexpr (F == PKV_FORMAT_BF16) Isa::bf16_row(data, D, dst);
   else if constexpr (F == PKV_FORMAT_Q8_0) q8_0_row<Isa>(data, scales, D, dst);
-  else q4_0_row<Isa>(data, scales, D, dst);
+  else if constexpr (F == PKV_FORMAT_Q4_0) q4_0_row<Isa>(data, scales, D, dst);
+  else Isa::template fp8_row<F>(data, D, dst);
 }
 
 // Rows of KV head t.kv_head at positions [t0, t0 + n) of one plane of t.layer (K's: at
@@ -325,7 +368,9 @@ PKV_ALWAYS_INLINE void decode_rows(const AttendTask &t, const PlaneLayout &l, ui
   case PKV_FORMAT_F16: return decode_rows_as<Isa, PKV_FORMAT_F16>(t, l, part_offset, t0, n, dst);
   case PKV_FORMAT_BF16: return decode_rows_as<Isa, PKV_FORMAT_BF16>(t, l, part_offset, t0, n, dst);
   case PKV_FORMAT_Q8_0: return decode_rows_as<Isa, PKV_FORMAT_Q8_0>(t, l, part_offset, t0, n, dst);
-  default: return decode_rows_as<Isa, PKV_FORMAT_Q4_0>(t, l, part_offset, t0, n, dst);
+  case PKV_FORMAT_Q4_0: return decode_rows_as<Isa, PKV_FORMAT_Q4_0>(t, l, part_offset, t0, n, dst);
+  case PKV_FORMAT_FP8_E4M3: return decode_rows_as<Isa, PKV_FORMAT_FP8_E4M3>(t, l, part_offset, t0, n, dst);
+  default: return decode_rows_as<Isa, PKV_FORMAT_FP8_E5M2>(t, l, part_offset, t0, n, dst);
   }
 }
 
@@ -391,9 +436,13 @@ template <int W, int R> PKV_ALWAYS_INLINE void update_rows(const AttendTask &t, 
   if (live) accumulate<W, R>(&scratch.acc[size_t(r) * D], correction, p, scratch.values.data(), nv, D);
 }
 
-template <class Isa> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
+template <class Isa> PKV_ALWAYS_INLINE void attend(const AttendTask &task) {
   constexpr int W = Isa::W;
-  const PoolGeometry &g = *t.g;
+  const PoolGeometry &g = *task.g;
+  // FP8 scales: K's multiplies every score (with the softmax scale), V's the output rows.
+  AttendTask t = task;
+  t.scale *= plane_scale(g, false, t.layer, t.kv_head);
+  const float v_scale = plane_scale(g, true, t.layer, t.kv_head);
   const uint32_t D = g.head_dim, group = t.group, rows = t.tokens * group;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   AttendScratch &scratch = *t.scratch;
@@ -428,7 +477,7 @@ template <class Isa> PKV_ALWAYS_INLINE void attend(const AttendTask &t) {
     }
   }
   for (uint32_t r = 0; r < rows; r++) {
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const float inv = l[r] > 0.0f ? v_scale / l[r] : 0.0f;
     for (uint32_t d = 0; d < D; d++) t.out[size_t(r) * D + d] = acc[size_t(r) * D + d] * inv;
     t.lse[r] = l[r] > 0.0f ? m[r] + std::log(l[r]) : neg_inf;
   }

@@ -53,6 +53,13 @@ struct AttendTask {
   AttendScratch *scratch;
 };
 
+// The FP8 scale of a plane's rows of (layer, head) (the CPU's scales are host memory); 1 for the
+// other formats.
+inline float plane_scale(const PoolGeometry &g, bool v, uint32_t layer, uint32_t head) {
+  if (!is_fp8((v ? g.v : g.k).format)) return 1.0f;
+  return reinterpret_cast<const float *>(host(g.scales))[g.scale_index(v, layer, head)];
+}
+
 // The page-table row of a sequence slot (the CPU's table is host memory).
 inline const uint32_t *page_row(const PoolGeometry &g, uint32_t seq_slot) {
   return reinterpret_cast<const uint32_t *>(host(g.table)) + size_t(seq_slot) * g.table_stride;

@@ -69,6 +69,10 @@ class CpuBackend final : public Backend {
     blocks_.erase(it);
   }
 
+  void write_device(DevPtr dst, const void *src, uint64_t bytes) override {
+    std::memcpy(host(dst), src, size_t(bytes));
+  }
+
   void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) override {
     for (uint32_t i = 0; i < n; i++)
       for (uint32_t layer = 0; layer < g.layers; layer++)
@@ -81,9 +85,9 @@ class CpuBackend final : public Backend {
       for (uint32_t h = 0; h < g.kv_heads; h++) {
         const RowSlot at = a.slots[r];
         load_io(a.format, static_cast<const uint8_t *>(a.k) + stride * (size_t(r) * g.kv_heads + h), g.head_dim, row);
-        encode_row(g.k, host(g.k_part(a.layer, at.page)), h, at.slot, row);
+        encode_row(g.k, host(g.k_part(a.layer, at.page)), h, at.slot, plane_scale(g, false, a.layer, h), row);
         load_io(a.format, static_cast<const uint8_t *>(a.v) + stride * (size_t(r) * g.kv_heads + h), g.head_dim, row);
-        encode_row(g.v, host(g.v_part(a.layer, at.page)), h, at.slot, row);
+        encode_row(g.v, host(g.v_part(a.layer, at.page)), h, at.slot, plane_scale(g, true, a.layer, h), row);
       }
     });
   }
@@ -95,11 +99,11 @@ class CpuBackend final : public Backend {
         const RowSlot at = a.slots[r];
         const size_t offset = stride * (size_t(r) * g.kv_heads + h);
         if (a.k) {
-          decode_row(g.k, host(g.k_part(a.layer, at.page)), h, at.slot, row);
+          decode_row(g.k, host(g.k_part(a.layer, at.page)), h, at.slot, plane_scale(g, false, a.layer, h), row);
           store_io(a.format, row, g.head_dim, static_cast<uint8_t *>(a.k) + offset);
         }
         if (a.v) {
-          decode_row(g.v, host(g.v_part(a.layer, at.page)), h, at.slot, row);
+          decode_row(g.v, host(g.v_part(a.layer, at.page)), h, at.slot, plane_scale(g, true, a.layer, h), row);
           store_io(a.format, row, g.head_dim, static_cast<uint8_t *>(a.v) + offset);
         }
       }

@@ -63,6 +63,7 @@ PkvPool pool_params(const PoolGeometry &g) {
   while ((1u << p.page_shift) < g.page_size) p.page_shift++;
   p.k = plane(g.k);
   p.v = plane(g.v);
+  p.scales = g.scales;
   return p;
 }
 
@@ -147,6 +148,13 @@ class GpuBackend final : public Backend {
     CurrentForCleanup current(dev_.get());
     dev_->stream_synchronize(rt_.stream); // the memory may still be read by queued work
     dev_->free(ptr);
+  }
+
+  void write_device(DevPtr dst, const void *src, uint64_t bytes) override {
+    Current current(rt_);
+    Upload up;
+    up.add(src, bytes);
+    staging_.send(up, dst);
   }
 
   void copy_pages(const PoolGeometry &g, const PageCopy *copies, uint32_t n) override {

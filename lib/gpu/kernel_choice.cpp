@@ -79,10 +79,11 @@ KernelChoice::KernelChoice(const Runtime &rt, const DecodePolicy &policy, Module
 
 // The tensor-core kernel serves where the device's shared memory per block holds it for the pool
 // (not head_dim 256 on sm_86/sm_89's 99 KB); the CUDA-core kernel serves there instead. Both need
-// F16/BF16/Q8_0/Q4_0 pages of head_dim 64, 128 or 256; the generic kernel serves the rest.
+// F16/BF16/Q8_0/Q4_0 pages of head_dim 64, 128 or 256; the generic kernel serves the rest (F32 and
+// FP8 pages among them).
 KernelFamily KernelChoice::family(const PoolGeometry &g) {
   const uint32_t D = g.head_dim;
-  auto specialised = [](pkv_format f) { return f != PKV_FORMAT_F32; };
+  auto specialised = [](pkv_format f) { return f != PKV_FORMAT_F32 && !is_fp8(f); };
   if (!((D == 64 || D == 128 || D == 256) && specialised(g.k.format) && specialised(g.v.format)))
     return KernelFamily::generic;
   return best_ == KernelFamily::tensor_core && !tensor_core_fits(g) ? KernelFamily::cuda_core : best_;

@@ -34,6 +34,7 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
   const uint32_t gt = min(uint32_t(T), rows - g0);
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const ScoreVariants vary = score_variants(p, 1.0f); // scores in natural units
+  const float k_scale = plane_scale(pool, false, p.layer, h), v_scale = plane_scale(pool, true, p.layer, h);
 
   // l and acc carry compensation terms (Kahan): beside a dominant token's weight of 1, the weights
   // of thousands of tokens ~17 logits below (4e-8 each) fall under half an ulp and would each be
@@ -69,8 +70,8 @@ template <int NV> __device__ void decode_partial(const PkvDecodeParams &p) {
     float kv[NV], vv[NV];
 #pragma unroll
     for (int j = 0; j < NV; j++) {
-      kv[j] = load_value(pool.k, pool, kp, h, slot, lane + 32 * j);
-      vv[j] = load_value(pool.v, pool, vp, h, slot, lane + 32 * j);
+      kv[j] = load_value(pool.k, pool, kp, h, slot, lane + 32 * j, k_scale);
+      vv[j] = load_value(pool.v, pool, vp, h, slot, lane + 32 * j, v_scale);
     }
 #pragma unroll
     for (int g = 0; g < T; g++) {

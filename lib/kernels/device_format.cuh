@@ -11,7 +11,7 @@
 namespace pkv_dev {
 
 // pkv_format values (include/pagedkv.h).
-enum : uint32_t { F32 = 1, F16 = 2, BF16 = 3, Q8_0 = 4, Q4_0 = 5 };
+enum : uint32_t { F32 = 1, F16 = 2, BF16 = 3, Q8_0 = 4, Q4_0 = 5, FP8_E4M3 = 6, FP8_E5M2 = 7 };
 constexpr uint32_t kGroup = 32;
 constexpr float kLog2e = 1.4426950408889634f; // natural-log units to log2 units
 constexpr uint32_t kNoPart = 0xffffffffu; // PkvRecord.part of a sequence's only chunk
@@ -20,6 +20,38 @@ constexpr uint32_t kNoSeq = 0xffffffffu;  // PkvRecord.seq of a balanced plan's 
 __device__ __forceinline__ float half_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t float_to_half(float x) { return __half_as_ushort(__float2half_rn(x)); }
 __device__ __forceinline__ float bf16_to_float(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+__device__ __forceinline__ bool is_fp8(uint32_t format) { return format == FP8_E4M3 || format == FP8_E5M2; }
+
+// FP8 codes (lib/format.hpp's fp8_to_f32 and f32_to_fp8): E5M2 is an F16's upper byte; E4M3's
+// fields moved into an F16's give 2^-8 times its value, its NaN code excepted.
+__device__ __forceinline__ float fp8_to_float(uint32_t format, uint32_t c) {
+  if (format == FP8_E5M2) return half_to_float(uint16_t(c << 8));
+  if ((c & 0x7fu) == 0x7fu) return __uint_as_float((c & 0x80u) << 24 | 0x7fc00000u);
+  return half_to_float(uint16_t((c & 0x80u) << 8 | (c & 0x7fu) << 7)) * 256.0f;
+}
+
+// Round to nearest even, saturating to the largest finite value, NaN kept.
+__device__ __forceinline__ uint8_t float_to_fp8(uint32_t format, float x) {
+  const bool e4m3 = format == FP8_E4M3;
+  const uint32_t mantissa = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, largest = e4m3 ? 0x7eu : 0x7bu;
+  const uint32_t u = __float_as_uint(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);
+  uint32_t code;
+  if (a < (127u + 1 - bias) << 23) {
+    code = uint32_t(rintf(__fmul_rn(__uint_as_float(a), e4m3 ? 512.0f : 65536.0f)));
+  } else {
+    const uint32_t shift = 23 - mantissa;
+    code = ((a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u)) >> shift) - ((127u - bias) << mantissa);
+  }
+  return uint8_t(sign | min(code, largest));
+}
+
+// The FP8 scale of a plane's rows of (layer, head); 1 for the other formats.
+__device__ __forceinline__ float plane_scale(const PkvPool &p, bool v, uint32_t layer, uint32_t head) {
+  if (!is_fp8(v ? p.v.format : p.k.format)) return 1.0f;
+  return reinterpret_cast<const float *>(p.scales)[(uint64_t(v) * p.layers + layer) * p.kv_heads + head];
+}
 
 // Element i of an F32/F16/BF16 array.
 __device__ __forceinline__ float load_io(uint32_t format, const void *p, uint64_t i) {
@@ -49,11 +81,12 @@ __device__ __forceinline__ uint64_t row_index(const PkvPool &p, uint32_t head, u
   return uint64_t(head) * p.page_size + slot;
 }
 
-// Value d of the row (head, slot) of a page part.
+// Value d of the row (head, slot) of a page part; fp8_scale is the row's FP8 scale (plane_scale).
 __device__ __forceinline__ float load_value(const PkvPlane &pl, const PkvPool &p, const uint8_t *part_ptr,
-                                            uint32_t head, uint32_t slot, uint32_t d) {
+                                            uint32_t head, uint32_t slot, uint32_t d, float fp8_scale) {
   const uint64_t row = row_index(p, head, slot);
   const uint8_t *data = part_ptr + row * pl.row_data_bytes;
+  if (is_fp8(pl.format)) return __fmul_rn(fp8_to_float(pl.format, data[d]), fp8_scale);
   if (pl.format == Q8_0 || pl.format == Q4_0) {
     const uint16_t scale =
         reinterpret_cast<const uint16_t *>(part_ptr + pl.scale_offset + row * pl.row_scale_bytes)[d / kGroup];
@@ -70,12 +103,16 @@ __device__ __forceinline__ float load_value(const PkvPlane &pl, const PkvPool &p
   return load_io(pl.format, data, d);
 }
 
-// Group g (32 values) of the row (head, slot): quantized with ggml's reference arithmetic, or
-// rounded to the page's float format.
+// Group g (32 values) of the row (head, slot): quantized with ggml's reference arithmetic, divided by
+// the FP8 scale and rounded (FP8), or rounded to the page's float format.
 __device__ __forceinline__ void store_group(const PkvPlane &pl, const PkvPool &p, uint8_t *part_ptr, uint32_t head,
-                                            uint32_t slot, uint32_t g, const float *x) {
+                                            uint32_t slot, uint32_t g, float fp8_scale, const float *x) {
   const uint64_t row = row_index(p, head, slot);
   uint8_t *data = part_ptr + row * pl.row_data_bytes;
+  if (is_fp8(pl.format)) {
+    for (uint32_t j = 0; j < kGroup; j++) data[g * kGroup + j] = float_to_fp8(pl.format, __fdiv_rn(x[j], fp8_scale));
+    return;
+  }
   if (pl.format == Q8_0 || pl.format == Q4_0) {
     uint16_t *scale = reinterpret_cast<uint16_t *>(part_ptr + pl.scale_offset + row * pl.row_scale_bytes) + g;
     if (pl.format == Q8_0) {

@@ -22,6 +22,7 @@ typedef struct PkvPool {
   uint32_t layers, kv_heads, head_dim, page_size, pages, table_stride, max_sequences;
   uint32_t page_shift; /* log2(page_size): tokens to pages by shifts */
   PkvPlane k, v;
+  uint64_t scales;     /* float [2][layers][kv_heads]: K's then V's FP8 scales */
 } PkvPool;
 
 typedef struct PkvTableEntry {

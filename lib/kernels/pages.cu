@@ -29,7 +29,8 @@ extern "C" __global__ void pkv_scatter(PkvRowsParams p) {
   const uint64_t first = (uint64_t(row) * p.pool.kv_heads + head) * p.pool.head_dim + g * kGroup;
   float x[kGroup];
   for (uint32_t e = 0; e < kGroup; e++) x[e] = load_io(p.format, src, first + e);
-  store_group(v ? p.pool.v : p.pool.k, p.pool, part(p.pool, p.layer, at.page, v), head, at.slot, g, x);
+  store_group(v ? p.pool.v : p.pool.k, p.pool, part(p.pool, p.layer, at.page, v), head, at.slot, g,
+              plane_scale(p.pool, v, p.layer, head), x);
 }
 
 // One thread per value of K and V: read it from its page, write it dequantized.
@@ -45,7 +46,8 @@ extern "C" __global__ void pkv_gather(PkvRowsParams p) {
   const uint32_t row = uint32_t(j / p.pool.head_dim / p.pool.kv_heads);
   const PkvRowSlot at = reinterpret_cast<const PkvRowSlot *>(p.slots)[row];
   const bool valid = at.page < p.pool.pages && at.slot < p.pool.page_size;
-  const float x = valid ? load_value(v ? p.pool.v : p.pool.k, p.pool, part(p.pool, p.layer, at.page, v), head, at.slot, d)
+  const float x = valid ? load_value(v ? p.pool.v : p.pool.k, p.pool, part(p.pool, p.layer, at.page, v), head, at.slot, d,
+                                     plane_scale(p.pool, v, p.layer, head))
                         : 0.0f;
   store_io(p.format, dst, j, x);
 }

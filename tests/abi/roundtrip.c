@@ -17,8 +17,8 @@
 
 enum { SEQS = 3, LAYERS = 2, MAX_KV_HEADS = 3, MAX_GROUP = 4, MAX_STEP = 24, MAX_LEN = 2 * MAX_STEP };
 
-static const pkv_format page_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0,
-                                          PKV_FORMAT_Q4_0};
+static const pkv_format page_formats[] = {PKV_FORMAT_F32,  PKV_FORMAT_F16,      PKV_FORMAT_BF16,    PKV_FORMAT_Q8_0,
+                                          PKV_FORMAT_Q4_0, PKV_FORMAT_FP8_E4M3, PKV_FORMAT_FP8_E5M2};
 
 /* Fills n values in [-1, 1) and keeps, in stored, what a page of `format` holds for them. */
 static void random_rows(tu_rng *rng, pkv_format format, float *rows, float *stored, size_t n) {
@@ -31,7 +31,7 @@ void rt_round_trip(const pkv_api *api) {
   const uint32_t kv_heads = 1 + tu_below(&rng, MAX_KV_HEADS), group = 1 + tu_below(&rng, MAX_GROUP);
   const uint32_t head_dim = 32u << tu_below(&rng, 3), q_heads = kv_heads * group;
   const size_t row = (size_t)kv_heads * head_dim;
-  const pkv_format kf = page_formats[tu_below(&rng, 5)], vf = page_formats[tu_below(&rng, 5)];
+  const pkv_format kf = page_formats[tu_below(&rng, 7)], vf = page_formats[tu_below(&rng, 7)];
 
   pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
   cd.backend = PKV_BACKEND_CPU;

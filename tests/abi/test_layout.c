@@ -28,7 +28,8 @@ static const struct fact facts[] = {
     VALUE(PKV_ERR_BACKEND, 9), VALUE(PKV_ERR_VERSION, 10), VALUE(PKV_ERR_INTERNAL, 11),
     VALUE(PKV_BACKEND_AUTO, 0), VALUE(PKV_BACKEND_CPU, 1), VALUE(PKV_BACKEND_CUDA, 2), VALUE(PKV_BACKEND_HIP, 3),
     VALUE(PKV_FORMAT_INVALID, 0), VALUE(PKV_FORMAT_F32, 1), VALUE(PKV_FORMAT_F16, 2), VALUE(PKV_FORMAT_BF16, 3),
-    VALUE(PKV_FORMAT_Q8_0, 4), VALUE(PKV_FORMAT_Q4_0, 5), VALUE(PKV_MEMORY_HOST, 0), VALUE(PKV_MEMORY_DEVICE, 1),
+    VALUE(PKV_FORMAT_Q8_0, 4), VALUE(PKV_FORMAT_Q4_0, 5), VALUE(PKV_FORMAT_FP8_E4M3, 6), VALUE(PKV_FORMAT_FP8_E5M2, 7),
+    VALUE(PKV_MEMORY_HOST, 0), VALUE(PKV_MEMORY_DEVICE, 1),
     VALUE(PKV_MEMORY_HOST_PINNED, 2), VALUE(PKV_SEQ_IMAGE_VERSION, 1), VALUE(PKV_SEQ_IMAGE_HEADER_BYTES, 128),
     VALUE(PKV_MAX_EXTEND_ROWS, 0xffffffffu),
 
@@ -98,8 +99,12 @@ static const struct fact facts[] = {
     AT(pkv_extend_args, mask_bytes, 88), AT(pkv_extend_args, sinks, 96), AT(pkv_extend_args, alibi_slopes, 104),
     AT(pkv_extend_args, window, 112), AT(pkv_extend_args, softcap, 116),
 
-    /* the function table: version 1, then versions 2, 3, 4 and 5 */
-    SIZE(pkv_api, 8 + 8 * 35), ALIGN(pkv_api, 8),
+    SIZE(pkv_scales_args, 32), ALIGN(pkv_scales_args, 8),
+    AT(pkv_scales_args, struct_size, 0), AT(pkv_scales_args, first_layer, 4), AT(pkv_scales_args, layer_count, 8),
+    AT(pkv_scales_args, per_head, 12), AT(pkv_scales_args, k_scales, 16), AT(pkv_scales_args, v_scales, 24),
+
+    /* the function table: version 1, then versions 2 to 6 */
+    SIZE(pkv_api, 8 + 8 * 37), ALIGN(pkv_api, 8),
     AT(pkv_api, struct_size, 0), AT(pkv_api, api_version, 4),
     API(version, 0), API(version_string, 1), API(status_string, 2), API(last_error, 3), API(backend_name, 4),
     API(format_name, 5), API(context_create, 6), API(context_destroy, 7), API(context_backend, 8),
@@ -109,6 +114,7 @@ static const struct fact facts[] = {
     API(pool_get_stats, 23), API(convert_from_f32, 24), API(convert_to_f32, 25), API(format_row_bytes, 26),
     API(decode_prepare, 27), API(seq_export_size, 28), API(seq_export, 29), API(seq_import, 30),
     API(pool_regions, 31), API(seq_page_spans, 32), API(extend, 33), API(seq_release_before, 34),
+    API(pool_set_scales, 35), API(pool_get_scales, 36),
 };
 
 int main(void) {

@@ -395,7 +395,7 @@ POOL(pool_pages_0, a.pages = 0)
 POOL(pool_max_sequences_0, a.max_sequences = 0)
 POOL(pool_max_sequences_too_many, a.max_sequences = 1048577)
 POOL(pool_k_format_invalid, a.k_format = PKV_FORMAT_INVALID)
-POOL(pool_k_format_unknown, a.k_format = (pkv_format)6)
+POOL(pool_k_format_unknown, a.k_format = (pkv_format)8)
 POOL(pool_k_format_negative, a.k_format = (pkv_format)-1)
 POOL(pool_v_format_invalid, a.v_format = PKV_FORMAT_INVALID)
 POOL(pool_v_format_unknown, a.v_format = (pkv_format)99)
@@ -626,6 +626,34 @@ CALL(release_other_pool, return pkv_seq_release_before(f->pool, f->other, 1))
 CALL(release_past_length, return pkv_seq_release_before(f->pool, f->a, 7)) /* a holds 6 */
 CALL(release_at_0, return pkv_seq_release_before(f->pool, f->a, 0))        /* releases nothing */
 
+/* FP8 scales: the fixture's pages are F16 (K) and Q4_0 (V), which have none; an FP8 pool's bad
+ * scales are test_fp8's. Setting nothing and reading 1.0s back are accepted. */
+static const float ones[LAYERS * KV_HEADS] = {1.0f, 1.0f, 1.0f, 1.0f};
+static float scales_out[LAYERS * KV_HEADS];
+static pkv_scales_args good_scales(void) {
+  pkv_scales_args a = PKV_SCALES_ARGS_INIT;
+  return a;
+}
+#define SCALES(fn, ...) EDIT(fn, pkv_scales_args, good_scales(), pkv_pool_set_scales(f->pool, &a), __VA_ARGS__)
+CALL(scales_pool_null, pkv_scales_args a = good_scales(); return pkv_pool_set_scales(NULL, &a))
+CALL(scales_args_null, return pkv_pool_set_scales(f->pool, NULL))
+SIZED(scales_sized, pkv_scales_args, v_scales, good_scales(), pkv_pool_set_scales(f->pool, a))
+SCALES(scales_k_on_f16, a.k_scales = ones)
+SCALES(scales_v_on_q4_0, a.v_scales = ones; a.per_head = 1)
+SCALES(scales_first_layer_past_end, a.first_layer = LAYERS)
+SCALES(scales_layers_past_end, a.first_layer = 1; a.layer_count = LAYERS)
+SCALES(scales_per_head_2, a.per_head = 2)
+SCALES(scales_nothing, a.first_layer = 1)
+CALL(get_scales_pool_null, return pkv_pool_get_scales(NULL, 0, 0, scales_out, scales_out))
+CALL(get_scales_first_past_end, return pkv_pool_get_scales(f->pool, LAYERS, 0, scales_out, scales_out))
+CALL(get_scales_count_past_end, return pkv_pool_get_scales(f->pool, 1, LAYERS, scales_out, scales_out))
+CALL(get_scales_all, return pkv_pool_get_scales(f->pool, 0, 0, scales_out, NULL))
+/* FP8 is a page format only */
+WRITE(write_src_fp8, a.src_format = PKV_FORMAT_FP8_E4M3)
+READ(read_dst_fp8, a.dst_format = PKV_FORMAT_FP8_E5M2)
+DECODE(decode_q_fp8, a.q_format = PKV_FORMAT_FP8_E4M3)
+EXTEND(extend_out_fp8, a.out_format = PKV_FORMAT_FP8_E5M2)
+
 /* Extend: the attention checks decode makes, then the offsets, the rows' total and the mask */
 CALL(extend_pool_null, pkv_extend_args a = good_extend(f); return pkv_extend(NULL, &a))
 CALL(extend_args_null, return pkv_extend(f->pool, NULL))
@@ -671,14 +699,14 @@ EXTEND(extend_count_0_null, a.seqs = NULL; a.q_offsets = NULL; a.q = NULL; a.out
 static float conv_src[64];
 static unsigned char conv_dst[256];
 CALL(from_f32_invalid, return pkv_convert_from_f32(PKV_FORMAT_INVALID, conv_src, 32, conv_dst))
-CALL(from_f32_unknown, return pkv_convert_from_f32((pkv_format)6, conv_src, 32, conv_dst))
+CALL(from_f32_unknown, return pkv_convert_from_f32((pkv_format)8, conv_src, 32, conv_dst))
 CALL(from_f32_negative, return pkv_convert_from_f32((pkv_format)-1, conv_src, 32, conv_dst))
 CALL(from_f32_q8_0_33, return pkv_convert_from_f32(PKV_FORMAT_Q8_0, conv_src, 33, conv_dst))
 CALL(from_f32_q4_0_16, return pkv_convert_from_f32(PKV_FORMAT_Q4_0, conv_src, 16, conv_dst))
 CALL(from_f32_src_null, return pkv_convert_from_f32(PKV_FORMAT_F16, NULL, 32, conv_dst))
 CALL(from_f32_dst_null, return pkv_convert_from_f32(PKV_FORMAT_F16, conv_src, 32, NULL))
 CALL(to_f32_invalid, return pkv_convert_to_f32(PKV_FORMAT_INVALID, conv_dst, 32, conv_src))
-CALL(to_f32_unknown, return pkv_convert_to_f32((pkv_format)6, conv_dst, 32, conv_src))
+CALL(to_f32_unknown, return pkv_convert_to_f32((pkv_format)8, conv_dst, 32, conv_src))
 CALL(to_f32_negative, return pkv_convert_to_f32((pkv_format)-1, conv_dst, 32, conv_src))
 CALL(to_f32_q8_0_33, return pkv_convert_to_f32(PKV_FORMAT_Q8_0, conv_dst, 33, conv_src))
 CALL(to_f32_q4_0_16, return pkv_convert_to_f32(PKV_FORMAT_Q4_0, conv_dst, 16, conv_src))
@@ -885,6 +913,23 @@ static const bad_case cases[] = {
     BAD(release_other_pool, STALE),
     BAD(release_past_length, INVALID),
     OK(release_at_0),
+    BAD(scales_pool_null, INVALID),
+    BAD(scales_args_null, INVALID),
+    SIZES(scales_sized, 0),
+    BAD(scales_k_on_f16, INVALID),
+    BAD(scales_v_on_q4_0, INVALID),
+    BAD(scales_first_layer_past_end, INVALID),
+    BAD(scales_layers_past_end, INVALID),
+    BAD(scales_per_head_2, INVALID),
+    OK(scales_nothing),
+    BAD(get_scales_pool_null, INVALID),
+    BAD(get_scales_first_past_end, INVALID),
+    BAD(get_scales_count_past_end, INVALID),
+    OK(get_scales_all),
+    BAD(write_src_fp8, INVALID),
+    BAD(read_dst_fp8, INVALID),
+    BAD(decode_q_fp8, INVALID),
+    BAD(extend_out_fp8, INVALID),
 
     BAD(extend_pool_null, INVALID),
     BAD(extend_args_null, INVALID),

@@ -54,6 +54,8 @@ static const char *fmt_name(pkv_format f) {
   case PKV_FORMAT_BF16: return "bf16";
   case PKV_FORMAT_Q8_0: return "q8_0";
   case PKV_FORMAT_Q4_0: return "q4_0";
+  case PKV_FORMAT_FP8_E4M3: return "e4m3";
+  case PKV_FORMAT_FP8_E5M2: return "e5m2";
   default: return "?";
   }
 }
@@ -344,6 +346,8 @@ static void ragged_lengths(tu_rng *r, uint32_t page_size, uint32_t *len) {
 #define BF16 PKV_FORMAT_BF16
 #define Q8_0 PKV_FORMAT_Q8_0
 #define Q4_0 PKV_FORMAT_Q4_0
+#define E4M3 PKV_FORMAT_FP8_E4M3
+#define E5M2 PKV_FORMAT_FP8_E5M2
 
 static const shape matrix[] = {
     /* k     v     hd  kvh grp page src   q     out   scale */
@@ -372,6 +376,31 @@ static const shape matrix[] = {
     {Q4_0, BF16, 128, 4, 1, 8, BF16, F16, F32, 0.0f},
     {Q4_0, Q8_0, 64, 3, 8, 16, F16, F32, BF16, 0.1f},
     {Q4_0, Q4_0, 128, 2, 4, 64, F32, F32, F32, 0.0f},
+    /* FP8 pages (at scale 1: test_fp8 sets scales) beside every format */
+    {E4M3, F32, 64, 2, 4, 16, F16, F32, F32, 0.0f},
+    {E4M3, F16, 128, 1, 8, 8, F32, F16, BF16, 0.2f},
+    {E4M3, BF16, 256, 3, 1, 64, BF16, BF16, F32, 0.0f},
+    {E4M3, Q8_0, 32, 4, 6, 16, F32, F32, F16, 0.3f},
+    {E4M3, Q4_0, 128, 2, 4, 4, F16, F32, F32, 0.0f},
+    {E4M3, E4M3, 64, 1, 1, 16, F32, BF16, F32, 0.1f},
+    {E4M3, E5M2, 128, 3, 6, 64, BF16, F16, F16, 0.0f},
+    {E5M2, F32, 256, 1, 4, 8, F32, F32, F32, 0.05f},
+    {E5M2, F16, 32, 2, 1, 64, F16, F16, F32, 0.0f},
+    {E5M2, BF16, 128, 4, 8, 16, F32, F32, BF16, 0.0f},
+    {E5M2, Q8_0, 64, 2, 6, 8, BF16, F32, F32, 0.2f},
+    {E5M2, Q4_0, 256, 1, 8, 16, F32, F16, F32, 0.0f},
+    {E5M2, E4M3, 128, 2, 4, 2, F16, F32, F16, 0.0f},
+    {E5M2, E5M2, 32, 3, 4, 16, F32, F32, F32, 0.3f},
+    {F32, E4M3, 128, 1, 6, 16, F32, F16, F32, 0.0f},
+    {F16, E4M3, 64, 4, 4, 8, F16, F32, BF16, 0.1f},
+    {BF16, E4M3, 256, 2, 1, 16, BF16, F32, F32, 0.0f},
+    {Q8_0, E4M3, 128, 1, 8, 64, F32, BF16, F32, 0.0f},
+    {Q4_0, E4M3, 32, 2, 4, 16, F16, F32, F16, 0.2f},
+    {F32, E5M2, 32, 3, 8, 64, F32, F32, F16, 0.0f},
+    {F16, E5M2, 128, 2, 4, 16, F16, F16, F32, 0.0f},
+    {BF16, E5M2, 64, 1, 6, 8, F32, BF16, F32, 0.15f},
+    {Q8_0, E5M2, 256, 2, 4, 16, BF16, F32, BF16, 0.0f},
+    {Q4_0, E5M2, 128, 4, 1, 16, F32, F32, F32, 0.0f},
 };
 
 /* Split-K: a long sequence beside short ones; the chunk sizes cover one page, a few, the planner, none. */

@@ -71,8 +71,8 @@ typedef struct scenario {
   size_t log_len;
 } scenario;
 
-static const pkv_format page_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0,
-                                          PKV_FORMAT_Q4_0};
+static const pkv_format page_formats[] = {PKV_FORMAT_F32,  PKV_FORMAT_F16,      PKV_FORMAT_BF16,    PKV_FORMAT_Q8_0,
+                                          PKV_FORMAT_Q4_0, PKV_FORMAT_FP8_E4M3, PKV_FORMAT_FP8_E5M2};
 static const pkv_format io_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16};
 
 static uint64_t g_seed;

@@ -40,6 +40,8 @@
 #define BF16 PKV_FORMAT_BF16
 #define Q8_0 PKV_FORMAT_Q8_0
 #define Q4_0 PKV_FORMAT_Q4_0
+#define E4M3 PKV_FORMAT_FP8_E4M3
+#define E5M2 PKV_FORMAT_FP8_E5M2
 
 enum { LAYERS = 2, MAX_SEQS = 16 };
 
@@ -298,16 +300,26 @@ static void need_cpu_bits(void) {
 /* ---------------------------------------------------------------------------------------------------
  * The matrix: 25 format pairs x 4 head_dims; group, kv_heads, page size, I/O formats and scale spread.
  * ------------------------------------------------------------------------------------------------- */
-static const pkv_format formats[5] = {F32, F16, BF16, Q8_0, Q4_0};
+static const pkv_format formats[7] = {F32, F16, BF16, Q8_0, Q4_0, E4M3, E5M2};
 static const uint32_t head_dims[4] = {32, 64, 128, 256};
 static const uint32_t page_sizes[5] = {1, 4, 16, 64, 8};
 static const pkv_format io[3] = {F32, F16, BF16};
-enum { MATRIX = 100 };
+/* Cases 0-99: every pair of the first five formats at every head_dim; 100-123: the 24 pairs with an
+ * FP8 side (at scale 1: test_fp8 sets scales), one head_dim each. */
+enum { MATRIX = 124 };
 
 static shape matrix_shape(uint32_t c) {
   shape s;
-  s.k = formats[c / 20];
-  s.v = formats[c / 4 % 5];
+  if (c < 100) {
+    s.k = formats[c / 20];
+    s.v = formats[c / 4 % 5];
+  } else { /* the (k, v) pairs of 7 formats with k or v one of the last two */
+    uint32_t left = c - 100, pair = 0;
+    for (;; pair++)
+      if ((pair / 7 >= 5 || pair % 7 >= 5) && left-- == 0) break;
+    s.k = formats[pair / 7];
+    s.v = formats[pair % 7];
+  }
   s.head_dim = head_dims[c % 4];
   s.group = c % 25 == 24 ? 16 : 1 + c % 8;
   s.kv_heads = 1 + c % 3;

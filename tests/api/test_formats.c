@@ -11,6 +11,7 @@
 #include <cmocka.h>
 #include "tu_run.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +21,10 @@
 
 static tu_rng rng;
 
-static const pkv_format all_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0,
-                                         PKV_FORMAT_Q4_0};
+static const pkv_format all_formats[] = {PKV_FORMAT_F32,  PKV_FORMAT_F16,      PKV_FORMAT_BF16,     PKV_FORMAT_Q8_0,
+                                         PKV_FORMAT_Q4_0, PKV_FORMAT_FP8_E4M3, PKV_FORMAT_FP8_E5M2};
 static const pkv_format io_formats[] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16};
-#define N_ALL 5
+#define N_ALL 7
 #define N_IO 3
 #define GUARD 64 /* bytes past a row that a converter must leave alone */
 
@@ -34,6 +35,8 @@ static size_t ref_row_bytes(pkv_format f, size_t n) {
   case PKV_FORMAT_BF16: return 2 * n;
   case PKV_FORMAT_Q8_0: return n % 32 ? 0 : n / 32 * 34;
   case PKV_FORMAT_Q4_0: return n % 32 ? 0 : n / 32 * 18;
+  case PKV_FORMAT_FP8_E4M3:
+  case PKV_FORMAT_FP8_E5M2: return n;
   default: return 0;
   }
 }
@@ -89,7 +92,7 @@ static uint32_t f32_bits(float x) {
 }
 
 static int elem_is_nan(pkv_format f, const unsigned char *buf, size_t i) {
-  if (f == PKV_FORMAT_F32) return isnan(tu_load(f, buf, i));
+  if (f == PKV_FORMAT_F32 || tu_fp8(f)) return isnan(tu_load(f, buf, i));
   uint16_t h;
   memcpy(&h, buf + 2 * i, 2);
   if (f == PKV_FORMAT_F16) return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu);
@@ -323,6 +326,69 @@ static void test_tiny_groups(void **state) {
   }
 }
 
+/* FP8: every one of the 256 codes decodes to its value by the bit fields (NaN as NaN), and every
+ * finite code's value encodes back to it; a sweep of floats encodes as the search over the codes
+ * does: each code's value and its float neighbours, the midpoints between neighbouring codes (ties
+ * to even) and their float neighbours, values past the largest finite one (saturating), infinities,
+ * NaNs, zeros, the float subnormals, and random floats over 2^-40..2^20 of both signs. */
+static void fp8_sweep_point(float x, size_t *n, float *buf) {
+  buf[(*n)++] = x;
+  buf[(*n)++] = nextafterf(x, INFINITY);
+  buf[(*n)++] = nextafterf(x, -INFINITY);
+}
+
+static void test_fp8(void **state) {
+  (void)state;
+  enum { CAP = 1 << 16 };
+  float *x = pu_malloc(CAP * sizeof(float));
+  for (int fi = 0; fi < 2; fi++) {
+    const pkv_format f = fi ? PKV_FORMAT_FP8_E5M2 : PKV_FORMAT_FP8_E4M3;
+    unsigned char codes[256], again[256];
+    float values[256];
+    for (int c = 0; c < 256; c++) codes[c] = (unsigned char)c;
+    assert_int_equal(pkv_convert_to_f32(f, codes, 256, values), PKV_OK);
+    for (int c = 0; c < 256; c++) {
+      const float want = tu_fp8_to_f32(f, (uint8_t)c);
+      if (isnan(want) ? !isnan(values[c]) : f32_bits(values[c]) != f32_bits(want))
+        fail_msg("%s code 0x%02x: got %a, want %a", pkv_format_name(f), c, (double)values[c], (double)want);
+    }
+    assert_int_equal(pkv_convert_from_f32(f, values, 256, again), PKV_OK);
+    for (int c = 0; c < 256; c++) {
+      const uint8_t want = isnan(values[c]) ? (uint8_t)((c & 0x80) | 0x7f) : isinf(values[c]) ? (uint8_t)(c - 1) : (uint8_t)c;
+      if (again[c] != want) fail_msg("%s: code 0x%02x's value %a encodes as 0x%02x", pkv_format_name(f), c,
+                                     (double)values[c], again[c]);
+    }
+
+    size_t n = 0;
+    for (int c = 0; c < 0x7f; c++) {
+      const double v = tu_fp8_value(f, (uint8_t)c), next = tu_fp8_value(f, (uint8_t)(c + 1));
+      if (!isfinite(v)) continue;
+      for (int sign = 0; sign < 2; sign++) {
+        const double sv = sign ? -v : v;
+        fp8_sweep_point((float)sv, &n, x);
+        if (isfinite(next)) fp8_sweep_point((float)(sign ? -(v + next) / 2 : (v + next) / 2), &n, x);
+        else fp8_sweep_point((float)(sign ? -1.5 * v : 1.5 * v), &n, x); /* past the largest */
+      }
+    }
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1e-45f, -1e-45f, 1e-38f, FLT_MAX, -FLT_MAX,
+                             3e38f, 1e10f, -65536.0f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[n++] = special[i];
+    while (n < CAP) {
+      const double m = tu_uniform(&rng, 1.0, 2.0) * ldexp(1.0, (int)tu_below(&rng, 61) - 40);
+      x[n++] = (float)(tu_below(&rng, 2) ? -m : m);
+    }
+    unsigned char *got = pu_malloc(n);
+    assert_int_equal(pkv_convert_from_f32(f, x, n, got), PKV_OK);
+    for (size_t i = 0; i < n; i++) {
+      const uint8_t want = tu_f32_to_fp8(f, x[i]);
+      if (got[i] != want && !(isnan(x[i]) && (got[i] & 0x7f) == 0x7f))
+        fail_msg("%s: %a encodes as 0x%02x, want 0x%02x", pkv_format_name(f), (double)x[i], got[i], want);
+    }
+    free(got);
+  }
+  free(x);
+}
+
 /* Random rows of random lengths and magnitudes. */
 static void test_random_rows(void **state) {
   (void)state;
@@ -430,14 +496,15 @@ static void test_bad_arguments(void **state) {
   }
   const size_t bad_n[] = {1, 16, 31, 33, 48, 63};
   for (size_t j = 0; j < sizeof bad_n / sizeof bad_n[0]; j++) {
-    for (int i = 3; i < N_ALL; i++) {
+    for (int i = 0; i < N_ALL; i++) {
       pkv_format f = all_formats[i];
+      if (!tu_quantized(f)) continue;
       EXPECT_INVALID(pkv_convert_from_f32(f, src, bad_n[j], dst));
       EXPECT_INVALID(pkv_convert_to_f32(f, enc, bad_n[j], dstf));
       assert_int_equal(pkv_format_row_bytes(f, bad_n[j]), 0);
     }
   }
-  const pkv_format bad_formats[] = {PKV_FORMAT_INVALID, (pkv_format)6, (pkv_format)99, PKV_FORMAT_MAX_};
+  const pkv_format bad_formats[] = {PKV_FORMAT_INVALID, (pkv_format)8, (pkv_format)99, PKV_FORMAT_MAX_};
   for (size_t j = 0; j < sizeof bad_formats / sizeof bad_formats[0]; j++) {
     EXPECT_INVALID(pkv_convert_from_f32(bad_formats[j], src, 32, dst));
     EXPECT_INVALID(pkv_convert_to_f32(bad_formats[j], enc, 32, dstf));
@@ -575,16 +642,16 @@ static void run_pool_case(uint32_t head_dim, pkv_format kf, pkv_format vf, uint3
 /* The backend's own quantization of non-finite rows (a GPU's scatter kernel, where there is one)
  * against the host conversion's: the same quants, so rows read back as the host conversion gives
  * them (NaN where it gives NaN; payloads may differ). */
-static void test_non_finite_pool(void **state) {
-  (void)state;
+static void non_finite_pool(pkv_format kf, pkv_format vf) {
   float rows[2][32], back[2][32], want[2][32];
-  unsigned char q8[34], q4[18];
+  unsigned char k_row[34], v_row[34];
   for (int t = 0; t < 2; t++)
     for (int j = 0; j < 32; j++) rows[t][j] = (float)(j - 12) * 0.25f;
   rows[0][3] = NAN;
   rows[0][21] = NAN;
   rows[1][7] = -INFINITY;
-  pkv_pool_desc d = pu_desc(1, 1, 32, 4, 1, 1, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0);
+  rows[1][8] = 1e30f; /* saturates an FP8 page */
+  pkv_pool_desc d = pu_desc(1, 1, 32, 4, 1, 1, kf, vf);
   pkv_context *ctx;
   pkv_pool *pool;
   pu_open(&d, &ctx, &pool);
@@ -594,20 +661,27 @@ static void test_non_finite_pool(void **state) {
   assert_int_equal(pkv_append(pool, &seq, &n, 1), PKV_OK);
   assert_int_equal(pu_write(pool, 0, &seq, &n, 1, PKV_FORMAT_F32, rows, rows), PKV_OK);
   for (int plane = 0; plane < 2; plane++) {
-    const pkv_format f = plane ? PKV_FORMAT_Q4_0 : PKV_FORMAT_Q8_0;
+    const pkv_format f = plane ? vf : kf;
+    unsigned char *encoded = plane ? v_row : k_row;
     for (int t = 0; t < 2; t++) {
-      assert_int_equal(pkv_convert_from_f32(f, rows[t], 32, plane ? (void *)q4 : (void *)q8), PKV_OK);
-      assert_int_equal(pkv_convert_to_f32(f, plane ? (void *)q4 : (void *)q8, 32, want[t]), PKV_OK);
+      assert_int_equal(pkv_convert_from_f32(f, rows[t], 32, encoded), PKV_OK);
+      assert_int_equal(pkv_convert_to_f32(f, encoded, 32, want[t]), PKV_OK);
     }
     memset(back, 0x5a, sizeof back);
     assert_int_equal(pu_read(pool, 0, seq, 0, 2, PKV_FORMAT_F32, plane ? NULL : back, plane ? back : NULL), PKV_OK);
     for (int t = 0; t < 2; t++)
       for (int j = 0; j < 32; j++)
         if (isnan(want[t][j]) ? !isnan(back[t][j]) : memcmp(&want[t][j], &back[t][j], 4) != 0)
-          fail_msg("%s row %d value %d: read back %g, the host conversion gives %g", plane ? "q4_0" : "q8_0", t, j,
+          fail_msg("%s row %d value %d: read back %g, the host conversion gives %g", pkv_format_name(f), t, j,
                    (double)back[t][j], (double)want[t][j]);
   }
   pu_close(ctx, pool);
+}
+
+static void test_non_finite_pool(void **state) {
+  (void)state;
+  non_finite_pool(PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0);
+  non_finite_pool(PKV_FORMAT_FP8_E4M3, PKV_FORMAT_FP8_E5M2);
 }
 
 static void test_pool_round_trip(void **state) {
@@ -627,7 +701,7 @@ int main(void) {
       cmocka_unit_test(test_random_rows),      cmocka_unit_test(test_half_rounding),
       cmocka_unit_test(test_bad_arguments),    cmocka_unit_test(test_pool_round_trip),
       cmocka_unit_test(test_non_finite),       cmocka_unit_test(test_non_finite_pool),
-      cmocka_unit_test(test_tiny_groups),
+      cmocka_unit_test(test_tiny_groups),      cmocka_unit_test(test_fp8),
   };
   return tu_run_tests(tests, NULL, NULL);
 }

@@ -147,9 +147,10 @@ static void random_calls(void **s) {
   (void)s;
   rng = tu_rng_make(tu_seed() ^ 0x5eed5eedull);
   for (int round = 0; round < ROUNDS; round++) {
-    const pkv_format formats[5] = {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0};
+    const pkv_format formats[7] = {PKV_FORMAT_F32,  PKV_FORMAT_F16,      PKV_FORMAT_BF16,    PKV_FORMAT_Q8_0,
+                                   PKV_FORMAT_Q4_0, PKV_FORMAT_FP8_E4M3, PKV_FORMAT_FP8_E5M2};
     pkv_pool_desc d = pu_desc(1 + below(3), 1 + below(3), 32 * (1 + below(4)), 1u << below(6), 1 + below(40),
-                              1 + below(SEQS), formats[below(5)], formats[below(5)]);
+                              1 + below(SEQS), formats[below(7)], formats[below(7)]);
     d.max_sequence_length = below(3) ? 0 : below(300);
     d.page_order_seed = below(2);
     pkv_context *ctx;

@@ -154,6 +154,7 @@ struct Snapshot {
   uint64_t new_seq = 0;
   std::vector<uint8_t> out;
   FakeVector<FakeString> new_pool_decode; // on the stand-in: what a decode on a created pool asks of it
+  std::vector<float> scales;              // the pools' FP8 scales, K's and V's
 
   // The first part that differs from o, or null.
   const char *differs(const Snapshot &o) const {
@@ -164,6 +165,7 @@ struct Snapshot {
     if (new_seq != o.new_seq) return "the handle given out";
     if (out != o.out) return "the call's output";
     if (new_pool_decode != o.new_pool_decode) return "what a decode on the created pool asks of the device";
+    if (scales != o.scales) return "the FP8 scales";
     return nullptr;
   }
   bool operator==(const Snapshot &o) const { return differs(o) == nullptr; }
@@ -207,6 +209,13 @@ Snapshot snapshot(World &w, bool with_out) {
   s.new_pool = w.new_pool != nullptr;
   s.new_seq = w.new_seq.id & ((uint64_t(1) << 52) - 1); // without the pool's tag: each fixture is a new pool
   if (with_out && g_target == Target::api) s.out = w.out;
+  for (pkv_pool *pool : {w.pool, w.new_pool}) {
+    if (!pool) continue;
+    std::vector<float> k(kLayers * kKvHeads), v(kLayers * kKvHeads);
+    ok(pkv_pool_get_scales(pool, 0, 0, k.data(), v.data()), "get_scales");
+    s.scales.insert(s.scales.end(), k.begin(), k.end());
+    s.scales.insert(s.scales.end(), v.begin(), v.end());
+  }
   if (w.new_pool && g_target == Target::fake) s.new_pool_decode = decode_on_new_pool(w);
   return s;
 }
@@ -403,6 +412,18 @@ const Scenario kScenarios[] = {
        uint64_t n = 0;
        return pkv_seq_page_spans(w.pool, w.fork, 0, 0, reinterpret_cast<pkv_page_span *>(w.out.data()),
                                  2 * kLayers * 3, &n); }, true, Reach::api},
+    // A pool of FP8 pages beside the fixture's, its scales set per KV head.
+    {"pool_set_scales", 0, [](World &w) {
+       const pkv_pool_desc d = pu_desc(kLayers, kKvHeads, kHeadDim, kPageSize, 4, 2, PKV_FORMAT_FP8_E4M3,
+                                       PKV_FORMAT_FP8_E5M2);
+       ok(pkv_pool_create(w.ctx, &d, &w.new_pool), "pool");
+       w.k = rows(1, 4.0f); // positive values, kRow of them
+     }, [](World &w) {
+       pkv_scales_args a = PKV_SCALES_ARGS_INIT;
+       a.per_head = 1;
+       a.k_scales = w.k.data();
+       a.v_scales = w.k.data() + kLayers * kKvHeads;
+       return pkv_pool_set_scales(w.new_pool, &a); }, true, Reach::device},
     {"pool_get_stats", sizeof(pkv_pool_stats), nullptr, [](World &w) {
        pkv_pool_stats st = PKV_POOL_STATS_INIT;
        const pkv_status r = pkv_pool_get_stats(w.pool, &st);

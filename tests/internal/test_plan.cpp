@@ -314,6 +314,7 @@ class ConfigBackend final : public Backend {
   }
   DevPtr alloc(uint64_t) override { fail_msg("unexpected alloc"); return 0; }
   void release(DevPtr) noexcept override {}
+  void write_device(DevPtr, const void *, uint64_t) override { fail_msg("unexpected write_device"); }
   void copy_pages(const PoolGeometry &, const PageCopy *, uint32_t) override { fail_msg("unexpected copy_pages"); }
   void scatter(const PoolGeometry &, const ScatterArgs &) override { fail_msg("unexpected scatter"); }
   void gather(const PoolGeometry &, const GatherArgs &) override { fail_msg("unexpected gather"); }

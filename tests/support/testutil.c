@@ -145,6 +145,40 @@ void tu_dequantize_q4_0(const tu_q4_0 *b, float *x) {
 
 int tu_quantized(pkv_format format) { return format == PKV_FORMAT_Q8_0 || format == PKV_FORMAT_Q4_0; }
 
+int tu_fp8(pkv_format format) { return format == PKV_FORMAT_FP8_E4M3 || format == PKV_FORMAT_FP8_E5M2; }
+
+/* From the bit fields, by the OCP definitions: sign, exponent, mantissa; exponent 0 subnormal. */
+double tu_fp8_value(pkv_format format, uint8_t c) {
+  const int e4m3 = format == PKV_FORMAT_FP8_E4M3;
+  const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, emax = e4m3 ? 15 : 31;
+  const int e = (c & 0x7f) >> mbits, m = c & ((1 << mbits) - 1);
+  const double sign = c & 0x80 ? -1.0 : 1.0;
+  if (e4m3 && e == emax && m == (1 << mbits) - 1) return NAN;
+  if (!e4m3 && e == emax) return m ? NAN : sign * INFINITY;
+  if (e == 0) return sign * ldexp((double)m, 1 - bias - mbits);
+  return sign * ldexp(1.0 + (double)m / (1 << mbits), e - bias);
+}
+
+/* By search: the nearest of the format's finite codes of x's sign, a tie going to the even code
+ * (the one whose lowest mantissa bit is 0); past the largest finite value that value. */
+uint8_t tu_f32_to_fp8(pkv_format format, float x) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0x00;
+  if (isnan(x)) return sign | 0x7f;
+  const double a = fabs((double)x);
+  int largest = 0x7f;
+  while (!isfinite(tu_fp8_value(format, (uint8_t)largest))) largest--;
+  if (a >= tu_fp8_value(format, (uint8_t)largest)) return sign | (uint8_t)largest;
+  uint8_t best = 0;
+  double best_gap = INFINITY;
+  for (int c = 0; c <= largest; c++) {
+    const double gap = fabs(a - tu_fp8_value(format, (uint8_t)c));
+    if (gap < best_gap || (gap == best_gap && (c & 1) == 0)) best = (uint8_t)c, best_gap = gap;
+  }
+  return sign | best;
+}
+
+float tu_fp8_to_f32(pkv_format format, uint8_t c) { return (float)tu_fp8_value(format, c); }
+
 void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst) {
   for (size_t g = 0; g < n; g += 32) {
     switch (format) {
@@ -172,6 +206,8 @@ void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst) {
 
 size_t tu_elem_bytes(pkv_format format) {
   switch (format) {
+  case PKV_FORMAT_FP8_E4M3:
+  case PKV_FORMAT_FP8_E5M2: return 1;
   case PKV_FORMAT_F32: return 4;
   case PKV_FORMAT_F16:
   case PKV_FORMAT_BF16: return 2;
@@ -192,6 +228,8 @@ void tu_store(pkv_format format, void *buf, size_t i, float x) {
     memcpy((char *)buf + 2 * i, &h, 2);
     break;
   }
+  case PKV_FORMAT_FP8_E4M3:
+  case PKV_FORMAT_FP8_E5M2: ((uint8_t *)buf)[i] = tu_f32_to_fp8(format, x); break;
   default: abort();
   }
 }
@@ -213,6 +251,8 @@ float tu_load(pkv_format format, const void *buf, size_t i) {
     memcpy(&h, (const char *)buf + 2 * i, 2);
     return tu_bf16_to_f32(h);
   }
+  case PKV_FORMAT_FP8_E4M3:
+  case PKV_FORMAT_FP8_E5M2: return tu_fp8_to_f32(format, ((const uint8_t *)buf)[i]);
   default: abort();
   }
 }

@@ -57,11 +57,20 @@ void tu_dequantize_q4_0(const tu_q4_0 *b, float *x);
 /* Whether format is one of ggml's block-quantized ones (Q8_0, Q4_0). */
 int tu_quantized(pkv_format format);
 
+/* FP8 (OCP E4M3 / E5M2), scale 1: the value of a code, as double and as float, and a float's code
+ * (round to nearest even, saturating to the largest finite value, NaN to sign | 0x7f), found by a
+ * search over the codes. */
+int tu_fp8(pkv_format format);
+double tu_fp8_value(pkv_format format, uint8_t c);
+float tu_fp8_to_f32(pkv_format format, uint8_t c);
+uint8_t tu_f32_to_fp8(pkv_format format, float x);
+
 /* The value a page of `format` stores for a row of n floats (n a multiple of 32 for Q8_0/Q4_0):
  * what decode must see. */
 void tu_round_trip(pkv_format format, const float *src, size_t n, float *dst);
 
-/* Store a float as an I/O format element (F32/F16/BF16) at index i of buf, and read it back. */
+/* Store a float as an element of an I/O format (F32/F16/BF16) or FP8 (scale 1) at index i of buf, and
+ * read it back. */
 void tu_store(pkv_format format, void *buf, size_t i, float x);
 float tu_load(pkv_format format, const void *buf, size_t i);
 size_t tu_elem_bytes(pkv_format format);
