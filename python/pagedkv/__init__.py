@@ -577,6 +577,33 @@ class Pool:
         _call("pkv_pool_regions", self._handle(), regions, count.value, ctypes.byref(count))
         return [MemoryRegion(r.address, r.bytes) for r in regions]
 
+    def set_scales(self, k: Any = None, v: Any = None, first_layer: int = 0) -> None:
+        """FP8 pages' scales (pkv_pool_set_scales) of the layers from first_layer on: k and v are
+        [layers] (a scale per layer) or [layers, kv_heads] (per KV head), the same shape for both;
+        None leaves a plane's. Only FP8 planes take scales; set them before writing their rows."""
+        import numpy as np
+
+        given = [None if x is None else np.ascontiguousarray(x, dtype=np.float32) for x in (k, v)]
+        shapes = {x.shape for x in given if x is not None}
+        if len(shapes) > 1:
+            raise ValueError(f"k and v scales have shapes {sorted(shapes)}: one shape covers both")
+        shape = shapes.pop() if shapes else (1,)
+        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != self.kv_heads) or shape[0] == 0:
+            raise ValueError(f"scales have shape {shape}: expected (layers,) or (layers, {self.kv_heads})")
+        ptr = [None if x is None else x.ctypes.data_as(ctypes.POINTER(_ffi.F32)) for x in given]
+        args = _ffi.new_struct(_ffi.ScalesArgs, first_layer=first_layer, layer_count=shape[0],
+                               per_head=int(len(shape) == 2), k_scales=ptr[0], v_scales=ptr[1])
+        _call("pkv_pool_set_scales", self._handle(), ctypes.byref(args))
+
+    def scales(self) -> Tuple[List[List[float]], List[List[float]]]:
+        """(k, v): every layer's scales per KV head (pkv_pool_get_scales); 1.0 for a plane not FP8."""
+        n = self.layers * self.kv_heads
+        k, v = (_ffi.F32 * n)(), (_ffi.F32 * n)()
+        _call("pkv_pool_get_scales", self._handle(), 0, 0, k, v)
+        h = self.kv_heads
+        return ([list(k[i * h:(i + 1) * h]) for i in range(self.layers)],
+                [list(v[i * h:(i + 1) * h]) for i in range(self.layers)])
+
     def stats(self) -> PoolStats:
         s = _ffi.new_struct(_ffi.PoolStats)
         _call("pkv_pool_get_stats", self._handle(), ctypes.byref(s))

@@ -47,6 +47,8 @@ class Format(enum.IntEnum):
     BF16 = 3
     Q8_0 = 4
     Q4_0 = 5
+    FP8_E4M3 = 6
+    FP8_E5M2 = 7
 
 
 class Memory(enum.IntEnum):
@@ -103,6 +105,11 @@ class ExtendArgs(ctypes.Structure):
                 ("window", U32), ("softcap", F32)]
 
 
+class ScalesArgs(ctypes.Structure):
+    _fields_ = [("struct_size", U32), ("first_layer", U32), ("layer_count", U32), ("per_head", U32),
+                ("k_scales", ctypes.POINTER(F32)), ("v_scales", ctypes.POINTER(F32))]
+
+
 class PoolStats(ctypes.Structure):
     _fields_ = [("struct_size", U32), ("pages_total", U32), ("pages_free", U32), ("pages_shared", U32),
                 ("sequences_live", U32), ("max_sequences", U32), ("tokens_live", U64), ("bytes_total", U64),
@@ -138,6 +145,7 @@ STRUCT_DEFAULTS: Dict[type, Dict[str, Any]] = {
                  "memory": Memory.HOST, "chunk_pages": 0},
     ExtendArgs: {"scale": 0.0, "q_format": Format.F32, "out_format": Format.F32, "memory": Memory.HOST},
     PoolStats: {},
+    ScalesArgs: {},
     ExportArgs: {"memory": Memory.HOST},
     ImportArgs: {"memory": Memory.HOST},
 }
@@ -178,6 +186,8 @@ _SIGNATURES = {
     "pkv_decode_prepare": (ENUM, [ctypes.c_void_p, ctypes.POINTER(DecodeArgs)]),
     "pkv_extend": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ExtendArgs)]),
     "pkv_pool_get_stats": (ENUM, [ctypes.c_void_p, ctypes.POINTER(PoolStats)]),
+    "pkv_pool_set_scales": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ScalesArgs)]),
+    "pkv_pool_get_scales": (ENUM, [ctypes.c_void_p, U32, U32, ctypes.POINTER(F32), ctypes.POINTER(F32)]),
     "pkv_convert_from_f32": (ENUM, [ENUM, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
     "pkv_convert_to_f32": (ENUM, [ENUM, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
     "pkv_format_row_bytes": (ctypes.c_size_t, [ENUM, ctypes.c_size_t]),

@@ -76,7 +76,8 @@ def _init_values(text, macro):
     (_ffi.PoolDesc, "PKV_POOL_DESC_INIT"), (_ffi.WriteArgs, "PKV_WRITE_ARGS_INIT"),
     (_ffi.ReadArgs, "PKV_READ_ARGS_INIT"), (_ffi.DecodeArgs, "PKV_DECODE_ARGS_INIT"),
     (_ffi.PoolStats, "PKV_POOL_STATS_INIT"), (_ffi.ExportArgs, "PKV_EXPORT_ARGS_INIT"),
-    (_ffi.ImportArgs, "PKV_IMPORT_ARGS_INIT"), (_ffi.ExtendArgs, "PKV_EXTEND_ARGS_INIT")])
+    (_ffi.ImportArgs, "PKV_IMPORT_ARGS_INIT"), (_ffi.ExtendArgs, "PKV_EXTEND_ARGS_INIT"),
+    (_ffi.ScalesArgs, "PKV_SCALES_ARGS_INIT")])
 def test_defaults_match_header(cls, macro):
     values = _init_values(HEADER.read_text(), macro)
     made = _ffi.new_struct(cls)
@@ -344,6 +345,67 @@ def test_release_before(rng):
             pool.read(0, seq, 21, 2)
         with pytest.raises(pagedkv.InvalidArgumentError, match="past the sequence's length"):
             seq.release_before(31)
+
+
+def fp8_values(fmt):
+    """The values of the 128 non-negative codes of an OCP FP8 format, from the bit fields (NaN where
+    the code is NaN or infinite)."""
+    mbits, bias = (3, 7) if fmt == pagedkv.Format.FP8_E4M3 else (2, 15)
+    codes = np.arange(128)
+    e, m = codes >> mbits, codes & ((1 << mbits) - 1)
+    values = np.where(e == 0, np.ldexp(m.astype(np.float64), 1 - bias - mbits),
+                      np.ldexp(1.0 + m / (1 << mbits), e - bias))
+    special = (e == 15) & (m == 7) if fmt == pagedkv.Format.FP8_E4M3 else e == 31
+    return np.where(special, np.nan, values)
+
+
+def fp8_stored(fmt, x, scale):
+    """What an FP8 page holds for x under scale: the nearest finite code's value of x / scale (ties to
+    the even code, past the largest value that one), times scale, in float32."""
+    values = fp8_values(fmt)
+    finite = values[np.isfinite(values)]
+    a = np.abs((np.asarray(x, np.float32) / np.float32(scale)).astype(np.float64))
+    gap = np.abs(a[..., None] - finite)
+    best = gap.min(axis=-1, keepdims=True)
+    ties = (gap == best) & (np.arange(len(finite)) % 2 == 0)
+    pick = np.where(ties.any(axis=-1), ties.argmax(axis=-1), gap.argmin(axis=-1))
+    v = np.where(a >= finite[-1], finite[-1], finite[pick])
+    return (np.copysign(v, x).astype(np.float32) * np.float32(scale)).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_pages_with_scales(rng, fmt):
+    """FP8 K and V pages with per-head K scales and per-layer V scales: rows read back as the nearest
+    code times the scale, decode agrees with the float64 reference over those values, the scales read
+    back as set, and scales for F16 pages are refused."""
+    f = pagedkv.Format[fmt.upper()]
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx, k_format=fmt, v_format=fmt) as pool, \
+            pool.alloc() as seq:
+        k_scales = rng.uniform(0.01, 4.0, (2, 2)).astype(np.float32)
+        v_scales = rng.uniform(0.01, 4.0, 2).astype(np.float32)
+        pool.set_scales(k=k_scales)
+        pool.set_scales(v=v_scales)
+        got_k, got_v = pool.scales()
+        np.testing.assert_array_equal(np.array(got_k, np.float32), k_scales)
+        np.testing.assert_array_equal(np.array(got_v, np.float32), np.repeat(v_scales[:, None], 2, axis=1))
+        n = 37
+        k = (rng.standard_normal((n, 2, 32)) * 3).astype(np.float32)
+        v = (rng.standard_normal((n, 2, 32)) * 3).astype(np.float32)
+        pool.append([seq], [n])
+        pool.write(1, [seq], [n], k, v)
+        want_k = np.stack([fp8_stored(f, k[:, h], k_scales[1, h]) for h in range(2)], axis=1)
+        want_v = fp8_stored(f, v, v_scales[1])
+        rk, rv = pool.read(1, seq)
+        np.testing.assert_array_equal(rk, want_k)
+        np.testing.assert_array_equal(rv, want_v)
+        q = rng.standard_normal((1, 4, 32)).astype(np.float32)
+        out, lse = pool.decode(1, [seq], q, lse=True)
+        ref, ref_lse = reference(q, want_k, want_v, 1, 1 / np.sqrt(32))
+        np.testing.assert_allclose(out[0], ref[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(lse[0], ref_lse[0], atol=1e-4)
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        with pytest.raises(pagedkv.InvalidArgumentError, match="only FP8 pages have scales"):
+            pool.set_scales(k=[1.0, 1.0])
 
 
 def test_fork_truncate_and_context_managers(rng):

@@ -149,7 +149,8 @@ int main(int argc, char **argv) {
   for (const Workload &w : all)
     if (filter.empty() || w.id.find(filter) != std::string::npos) run.push_back(w);
   std::vector<std::pair<pkv_format, bool>> appends;
-  for (pkv_format f : {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0})
+  for (pkv_format f : {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0,
+                       PKV_FORMAT_FP8_E4M3})
     for (bool prefill : {false, true}) {
       std::string id = strf("append-%s/%s/%s", prefill ? "prefill4K" : "step128", kShapes[0].name, pkv_format_name(f));
       if (filter.empty() || id.find(filter) != std::string::npos) appends.push_back({f, prefill});

@@ -16,19 +16,21 @@ const Shape kShapes[4] = {
     {"mha-d64", 16, 16, 64, false},
 };
 
-const Formats kFormats[5] = {
+const Formats kFormats[7] = {
     {PKV_FORMAT_F16, PKV_FORMAT_F16, "f16", false},
     {PKV_FORMAT_BF16, PKV_FORMAT_BF16, "bf16", false},
     {PKV_FORMAT_Q8_0, PKV_FORMAT_Q8_0, "q8_0", true},
     {PKV_FORMAT_Q4_0, PKV_FORMAT_Q4_0, "q4_0", true},
     {PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0, "q8_0/q4_0", true},
+    {PKV_FORMAT_FP8_E4M3, PKV_FORMAT_FP8_E4M3, "fp8_e4m3", true},
+    {PKV_FORMAT_FP8_E5M2, PKV_FORMAT_FP8_E5M2, "fp8_e5m2", true},
 };
 
 namespace {
 
 // Bit masks over kShapes and kFormats, in their order.
 enum : unsigned { ALL_SHAPES = 0xf, GQA4 = 0x1 };
-enum : unsigned { F16 = 0x1, FLOATS = 0x3, QUANT = 0x1c, ALL_FORMATS = 0x1f };
+enum : unsigned { F16 = 0x1, FLOATS = 0x3, QUANT = 0x1c, FP8 = 0x60, ALL_FORMATS = 0x7f };
 
 std::string tokens_label(uint32_t n) { return n % 1024 == 0 ? strf("%uK", n / 1024) : strf("%u", n); }
 
@@ -50,6 +52,8 @@ uint64_t row_bytes(pkv_format f, uint32_t d) {
   case PKV_FORMAT_BF16: return 2ull * d;
   case PKV_FORMAT_Q8_0: return d / 32 * 34ull;
   case PKV_FORMAT_Q4_0: return d / 32 * 18ull;
+  case PKV_FORMAT_FP8_E4M3:
+  case PKV_FORMAT_FP8_E5M2: return d;
   default: return 0;
   }
 }
@@ -70,7 +74,7 @@ std::vector<Tmpl> full_matrix() {
       {"page-size-%s", {"8x32K"}, GQA4, ALL_FORMATS, {8, 16, 32, 64, 128}, {1},
        "default run: page-size-1x4K, f16"},
       {"spec-verify-%s", {"8x32K"}, GQA4, ALL_FORMATS, {16}, {2, 4, 8}, "default run: spec-verify-8x4K, f16"},
-      {"variants-%s", {"8x32K", "1x128K"}, GQA4, F16 | QUANT, {16}, {1, 8}, "default run: variants-1x4K, f16",
+      {"variants-%s", {"8x32K", "1x128K"}, GQA4, F16 | QUANT | FP8, {16}, {1, 8}, "default run: variants-1x4K, f16",
        Variant::scores},
       {"window4K-%s", {"8x32K", "1x128K"}, GQA4, F16, {16}, {1}, "default run: window4K-1x16K", Variant::window4K},
   };

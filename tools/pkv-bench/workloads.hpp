@@ -22,7 +22,7 @@ struct Formats {
   const char *name;
   bool quant;
 };
-extern const Formats kFormats[5];
+extern const Formats kFormats[7];
 
 // Bytes one row of d values takes in a page format (scales included), from the format's definition.
 uint64_t row_bytes(pkv_format f, uint32_t d);
