@@ -5,6 +5,8 @@
  *  - a scale set after the rows are written applies to the stored codes: V's scale times 2 doubles
  *    every output, K's times 2 doubles every logit (the oracle over doubled K);
  *  - scales read back as set (per tensor: the same for every head; 1.0 for a plane of another format);
+ *  - the backend's own conversions (a GPU's kernels) give the reference's codes for all 256 codes and
+ *    for floats around each, past the largest value and non-finite;
  *  - bad scales (0, negative, NaN, infinite, a per_head other than 0/1, layers out of range, scales for
  *    a plane that is not FP8) fail and change neither a scale nor a row.
  * The pools mix FP8 with FP8 and with other formats; sizes, scales and rows are drawn from the seed. */
@@ -334,6 +336,63 @@ static void scales_case(void **state) {
   model_close(&m);
 }
 
+/* The backend's own conversions (a GPU's scatter and gather kernels) against the reference, bit for
+ * bit: rows holding the value of every one of the 256 codes, then floats around every code (the
+ * value, the midpoints to its neighbours, one float ulp either side of each), past the largest value,
+ * infinities, NaNs and random floats, written at scale 1 and read back. */
+static void test_codes_through_pool(void **state) {
+  (void)state;
+  enum { HD = 256, ROWS = 40 };
+  tu_rng r = tu_rng_stream(g_seed, 200);
+  float *x = pu_malloc((size_t)ROWS * HD * 4), *back = pu_malloc((size_t)ROWS * HD * 4);
+  for (int fi = 0; fi < 2; fi++) {
+    const pkv_format f = fi ? PKV_FORMAT_FP8_E5M2 : PKV_FORMAT_FP8_E4M3;
+    size_t n = 0;
+    for (int c = 0; c < 256; c++) x[n++] = tu_fp8_to_f32(f, (uint8_t)c);
+    for (int c = 0; c < 0x7f; c++) {
+      const double v = tu_fp8_value(f, (uint8_t)c), next = tu_fp8_value(f, (uint8_t)(c + 1));
+      if (!isfinite(v)) continue;
+      const double mid = isfinite(next) ? (v + next) / 2 : 1.5 * v;
+      for (int sign = 0; sign < 2; sign++)
+        for (int k = 0; k < 2; k++) {
+          const float at = (float)((sign ? -1 : 1) * (k ? mid : v));
+          x[n++] = at;
+          x[n++] = nextafterf(at, INFINITY);
+          x[n++] = nextafterf(at, -INFINITY);
+        }
+    }
+    const float special[] = {INFINITY, -INFINITY, NAN, -NAN, 1e-45f, -1e-45f, 3e38f, -0.0f};
+    for (size_t i = 0; i < TU_COUNT(special); i++) x[n++] = special[i];
+    assert_true(n <= (size_t)ROWS * HD);
+    while (n < (size_t)ROWS * HD) {
+      const double m = tu_uniform(&r, 1.0, 2.0) * ldexp(1.0, (int)tu_below(&r, 61) - 40);
+      x[n++] = (float)(tu_below(&r, 2) ? -m : m);
+    }
+    pkv_pool_desc d = pu_desc(1, 1, HD, 16, 4, 1, f, f);
+    pkv_context *ctx;
+    pkv_pool *pool;
+    pu_open(&d, &ctx, &pool);
+    pkv_seq seq;
+    const uint32_t rows = ROWS;
+    CHECK_OK(pkv_seq_alloc(pool, &seq));
+    CHECK_OK(pkv_append(pool, &seq, &rows, 1));
+    CHECK_OK(pu_write(pool, 0, &seq, &rows, 1, PKV_FORMAT_F32, x, x));
+    for (int plane = 0; plane < 2; plane++) {
+      memset(back, 0x7f, (size_t)ROWS * HD * 4);
+      CHECK_OK(pu_read(pool, 0, seq, 0, ROWS, PKV_FORMAT_F32, plane ? NULL : back, plane ? back : NULL));
+      for (size_t i = 0; i < (size_t)ROWS * HD; i++) {
+        const float want = tu_fp8_to_f32(f, tu_f32_to_fp8(f, x[i]));
+        if (isnan(want) ? !isnan(back[i]) : memcmp(&back[i], &want, 4) != 0)
+          fail_msg("%s %s: %a read back as %a, want %a", pkv_format_name(f), plane ? "V" : "K", (double)x[i],
+                   (double)back[i], (double)want);
+      }
+    }
+    pu_close(ctx, pool);
+  }
+  free(x);
+  free(back);
+}
+
 /* Bad scales on a pool with FP8 K and V: a clear error, and neither a scale nor a row changes. */
 static void test_bad_scales(void **state) {
   (void)state;
@@ -388,13 +447,14 @@ static void test_bad_scales(void **state) {
 int main(void) {
   g_seed = tu_seed();
   (void)pu_run_backend();
-  struct CMUnitTest tests[TU_COUNT(cases) + 1];
+  struct CMUnitTest tests[TU_COUNT(cases) + 2];
   char names[TU_COUNT(cases)][96];
   for (size_t i = 0; i < TU_COUNT(cases); i++) {
     snprintf(names[i], sizeof names[i], "scales k=%s v=%s %s", pkv_format_name(cases[i].k),
              pkv_format_name(cases[i].v), cases[i].per_head ? "per head" : "per tensor");
     tests[i] = (struct CMUnitTest){names[i], scales_case, NULL, NULL, (void *)&cases[i]};
   }
-  tests[TU_COUNT(cases)] = (struct CMUnitTest)cmocka_unit_test(test_bad_scales);
+  tests[TU_COUNT(cases)] = (struct CMUnitTest)cmocka_unit_test(test_codes_through_pool);
+  tests[TU_COUNT(cases) + 1] = (struct CMUnitTest)cmocka_unit_test(test_bad_scales);
   return tu_run_tests(tests, NULL, NULL);
 }
