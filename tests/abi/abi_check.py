@@ -116,8 +116,9 @@ def check_abidiff(abidw, abidiff, lib, include, baseline):
 
 # C++ vague-linkage entities of the standard library (template instantiations, their local statics,
 # vtables, typeinfo, guard variables), by mangled name: std:: ('St', or the abbreviations Sa Sb Ss Si
-# So Sd) or __gnu_cxx::, possibly nested (N), const-qualified (K), or a local entity (Z) of one.
-STD_VAGUE = re.compile(r"^_Z(?:T[VIS]|GV|Z)?N?[KVr]*(?:St|S[absiod]|9__gnu_cxx)")
+# So Sd) or __gnu_cxx::, possibly nested (N), const-qualified (K), or a local entity (Z) of one; and
+# the placement forms of operator new and delete, inline in <new>, which a build without inlining keeps.
+STD_VAGUE = re.compile(r"^_Z(?:(?:T[VIS]|GV|Z)?N?[KVr]*(?:St|S[absiod]|9__gnu_cxx)|n[wa]mPv$|d[la]PvS_$)")
 # ... but not one over our own types (pkv::..., pkv_...): an engine has no identical copy of that.
 OUR_TYPES = re.compile(r"3pkv\d|\dpkv_")
 # The words exception tables reach the personality routine and standard typeinfo through: shared
