@@ -66,6 +66,7 @@ static double max_diff(const float *x, const float *y, size_t n) {
   for (i = 0; i < n; i++) {
     /* A comparison, not fmax: GCC 12 for aarch64 fails with an internal error vectorising fmax here. */
     const double d = fabs((double)x[i] - y[i]);
+    if (d != d) return INFINITY; /* a NaN on either side is the worst difference */
     if (d > worst) worst = d;
   }
   return worst;
