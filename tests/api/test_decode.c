@@ -376,7 +376,8 @@ static const shape matrix[] = {
     {Q4_0, BF16, 128, 4, 1, 8, BF16, F16, F32, 0.0f},
     {Q4_0, Q8_0, 64, 3, 8, 16, F16, F32, BF16, 0.1f},
     {Q4_0, Q4_0, 128, 2, 4, 64, F32, F32, F32, 0.0f},
-    /* FP8 pages (at scale 1: test_fp8 sets scales) beside every format */
+    /* FP8 pages (at scale 1: test_fp8 sets scales) beside every format: the cases named "fp8", the
+     * last kMatrixFp8 rows */
     {E4M3, F32, 64, 2, 4, 16, F16, F32, F32, 0.0f},
     {E4M3, F16, 128, 1, 8, 8, F32, F16, BF16, 0.2f},
     {E4M3, BF16, 256, 3, 1, 64, BF16, BF16, F32, 0.0f},
@@ -402,6 +403,7 @@ static const shape matrix[] = {
     {Q8_0, E5M2, 256, 2, 4, 16, BF16, F32, BF16, 0.0f},
     {Q4_0, E5M2, 128, 4, 1, 16, F32, F32, F32, 0.0f},
 };
+enum { kMatrixFp8 = 24 };
 
 /* Split-K: a long sequence beside short ones; the chunk sizes cover one page, a few, the planner, none. */
 static const shape split[] = {
@@ -643,7 +645,8 @@ int main(void) {
   g_seed = tu_seed();
   struct CMUnitTest tests[TU_COUNT(matrix) + TU_COUNT(split) + TU_COUNT(spec) + TU_COUNT(interleave) + 1];
   size_t n = 0;
-  add_tests(tests, &n, "matrix", matrix, TU_COUNT(matrix), matrix_case);
+  add_tests(tests, &n, "matrix", matrix, TU_COUNT(matrix) - kMatrixFp8, matrix_case);
+  add_tests(tests, &n, "fp8", matrix + TU_COUNT(matrix) - kMatrixFp8, kMatrixFp8, matrix_case);
   add_tests(tests, &n, "split", split, TU_COUNT(split), split_case);
   add_tests(tests, &n, "spec", spec, TU_COUNT(spec), spec_case);
   add_tests(tests, &n, "interleave", interleave, TU_COUNT(interleave), interleave_case);

@@ -69,6 +69,7 @@ struct World {
   // What a scenario's call creates or writes.
   pkv_context *new_ctx = nullptr;
   pkv_pool *new_pool = nullptr;
+  pkv_pool *fp8_pool = nullptr; // a scenario's pool of FP8 pages beside the fixture's
   pkv_seq new_seq{};
   std::vector<float> k, v; // a scenario's input rows or q
   std::vector<uint8_t> out;
@@ -136,6 +137,7 @@ void set_up(World &w) {
 // Returns what the stand-in devices left alive ("1 stream"), or empty.
 std::string tear_down(World &w) {
   if (w.new_pool) ok(pkv_pool_destroy(w.new_pool), "destroy");
+  if (w.fp8_pool) ok(pkv_pool_destroy(w.fp8_pool), "destroy");
   if (w.pool) ok(pkv_pool_destroy(w.pool), "destroy");
   if (w.new_ctx) ok(pkv_context_destroy(w.new_ctx), "destroy");
   if (w.ctx) ok(pkv_context_destroy(w.ctx), "destroy");
@@ -209,7 +211,7 @@ Snapshot snapshot(World &w, bool with_out) {
   s.new_pool = w.new_pool != nullptr;
   s.new_seq = w.new_seq.id & ((uint64_t(1) << 52) - 1); // without the pool's tag: each fixture is a new pool
   if (with_out && g_target == Target::api) s.out = w.out;
-  for (pkv_pool *pool : {w.pool, w.new_pool}) {
+  for (pkv_pool *pool : {w.pool, w.fp8_pool}) {
     if (!pool) continue;
     std::vector<float> k(kLayers * kKvHeads), v(kLayers * kKvHeads);
     ok(pkv_pool_get_scales(pool, 0, 0, k.data(), v.data()), "get_scales");
@@ -414,16 +416,16 @@ const Scenario kScenarios[] = {
                                  2 * kLayers * 3, &n); }, true, Reach::api},
     // A pool of FP8 pages beside the fixture's, its scales set per KV head.
     {"pool_set_scales", 0, [](World &w) {
-       const pkv_pool_desc d = pu_desc(kLayers, kKvHeads, kHeadDim, kPageSize, 4, 2, PKV_FORMAT_FP8_E4M3,
+       const pkv_pool_desc d = pu_desc(kLayers, kKvHeads, kHeadDim, kPageSize, 24, 6, PKV_FORMAT_FP8_E4M3,
                                        PKV_FORMAT_FP8_E5M2);
-       ok(pkv_pool_create(w.ctx, &d, &w.new_pool), "pool");
+       ok(pkv_pool_create(w.ctx, &d, &w.fp8_pool), "pool");
        w.k = rows(1, 4.0f); // positive values, kRow of them
      }, [](World &w) {
        pkv_scales_args a = PKV_SCALES_ARGS_INIT;
        a.per_head = 1;
        a.k_scales = w.k.data();
        a.v_scales = w.k.data() + kLayers * kKvHeads;
-       return pkv_pool_set_scales(w.new_pool, &a); }, true, Reach::device},
+       return pkv_pool_set_scales(w.fp8_pool, &a); }, true, Reach::device},
     {"pool_get_stats", sizeof(pkv_pool_stats), nullptr, [](World &w) {
        pkv_pool_stats st = PKV_POOL_STATS_INIT;
        const pkv_status r = pkv_pool_get_stats(w.pool, &st);
