@@ -47,27 +47,29 @@ uint8_t f32_to_fp8(pkv_format f, float x) {
   const bool e4m3 = f == PKV_FORMAT_FP8_E4M3;
   const uint32_t mantissa = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, largest = e4m3 ? 0x7eu : 0x7bu;
   const uint32_t u = float_bits(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);
-  uint32_t code;
-  if (a < (127u + 1 - bias) << 23) {
-    // Below the smallest normal: units of the smallest subnormal, 2^(1 - bias - mantissa), rounded by
-    // the float unit (the scaling by a power of two is exact).
-    code = uint32_t(std::nearbyint(float_from_bits(a) * (e4m3 ? 512.0f : 65536.0f)));
-  } else {
-    // Drop 23 - mantissa bits, rounding to nearest even (a carry bumps the exponent), then rebias.
-    const uint32_t shift = 23 - mantissa;
-    const uint32_t rounded = a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u);
-    code = (rounded >> shift) - ((127u - bias) << mantissa);
-  }
-  return uint8_t(sign | std::min(code, largest));
+  // Below the smallest normal: units of the smallest subnormal, 2^(1 - bias - mantissa) (a scaling by
+  // a power of two, exact), rounded to nearest even by adding and taking off 2^23 (the units stay
+  // at most 2^mantissa). Else: 23 - mantissa bits dropped, rounding to nearest even (a carry bumps the
+  // exponent), then rebiased. Both are computed and one is taken, so that loops over rows vectorise.
+  const uint32_t smallest_normal = (127u + 1 - bias) << 23;
+  const float units = float_from_bits(std::min(a, smallest_normal)) * (e4m3 ? 512.0f : 65536.0f);
+  const uint32_t subnormal = uint32_t((units + 8388608.0f) - 8388608.0f);
+  const uint32_t shift = 23 - mantissa;
+  const uint32_t normal = ((a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u)) >> shift) - ((127u - bias) << mantissa);
+  const uint32_t code = a < smallest_normal ? subnormal : std::min(normal, largest);
+  return uint8_t(sign | (a > 0x7f800000u ? 0x7fu : code));
 }
 
 void load_fp8(pkv_format f, const uint8_t *src, size_t n, float scale, float *dst) {
   for (size_t i = 0; i < n; i++) dst[i] = fp8_to_f32(f, src[i]) * scale;
 }
 
+// A loop a format, whose constants are then known: the compiler makes vector code of each.
 void store_fp8(pkv_format f, const float *src, size_t n, float scale, uint8_t *dst) {
-  for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(f, src[i] / scale);
+  if (f == PKV_FORMAT_FP8_E4M3)
+    for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(PKV_FORMAT_FP8_E4M3, src[i] / scale);
+  else
+    for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(PKV_FORMAT_FP8_E5M2, src[i] / scale);
 }
 
 bool is_io_format(pkv_format f) {
