@@ -31,20 +31,19 @@ __device__ __forceinline__ float fp8_to_float(uint32_t format, uint32_t c) {
   return half_to_float(uint16_t((c & 0x80u) << 8 | (c & 0x7fu) << 7)) * 256.0f;
 }
 
-// Round to nearest even, saturating to the largest finite value, NaN kept.
+// Round to nearest even, saturating to the largest finite value, NaN kept: both codes computed and
+// one taken, as the host does (subnormals rounded by adding and taking off 2^23).
 __device__ __forceinline__ uint8_t float_to_fp8(uint32_t format, float x) {
   const bool e4m3 = format == FP8_E4M3;
   const uint32_t mantissa = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, largest = e4m3 ? 0x7eu : 0x7bu;
   const uint32_t u = __float_as_uint(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);
-  uint32_t code;
-  if (a < (127u + 1 - bias) << 23) {
-    code = uint32_t(rintf(__fmul_rn(__uint_as_float(a), e4m3 ? 512.0f : 65536.0f)));
-  } else {
-    const uint32_t shift = 23 - mantissa;
-    code = ((a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u)) >> shift) - ((127u - bias) << mantissa);
-  }
-  return uint8_t(sign | min(code, largest));
+  const uint32_t smallest_normal = (127u + 1 - bias) << 23;
+  const float units = __fmul_rn(__uint_as_float(min(a, smallest_normal)), e4m3 ? 512.0f : 65536.0f);
+  const uint32_t subnormal = uint32_t(__fadd_rn(__fadd_rn(units, 8388608.0f), -8388608.0f));
+  const uint32_t shift = 23 - mantissa;
+  const uint32_t normal = ((a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u)) >> shift) - ((127u - bias) << mantissa);
+  const uint32_t code = a < smallest_normal ? subnormal : min(normal, largest);
+  return uint8_t(sign | (a > 0x7f800000u ? 0x7fu : code));
 }
 
 // The FP8 scale of a plane's rows of (layer, head); 1 for the other formats.
