@@ -19,11 +19,13 @@ constexpr uint64_t kTensorCoreBytesInFlight = 64 * 1024; // per multiprocessor, 
 uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
 
 bool float_pages(const PoolGeometry &g) { return !is_quantized(g.k.format) && !is_quantized(g.v.format); }
+bool fp8_pages(const PoolGeometry &g) { return is_fp8(g.k.format) && is_fp8(g.v.format); }
+bool sixteen_bit_pages(const PoolGeometry &g) { return float_pages(g) && !is_fp8(g.k.format) && !is_fp8(g.v.format); }
 
 // The tensor-core kernel's shared memory, as decode_tensor_core.cu's Mma<> lays it out (it checks the
 // kernel_params.h sizes at compile time): `stages` stages of PKV_MMA_WARPS x PKV_MMA_TOKENS K and V
-// rows, q fragments of each row tile, and the warps' combine area of each row tile (which reuses
-// the others once a chunk is done).
+// rows, for FP8 pages one stage of them widened to F16, q fragments of each row tile, and the warps'
+// combine area of each row tile (which reuses the others once a chunk is done).
 unsigned stage_bytes(const PoolGeometry &g) {
   auto part = [&](const PlaneLayout &l) {
     return pkv_mma_part_bytes(uint32_t(l.row_data_bytes + l.row_scale_bytes), is_quantized(l.format));
@@ -52,7 +54,8 @@ struct KernelChoice::Shape {
     const unsigned D = g.head_dim, tile_rows = rows() / mtiles;
     const unsigned q = pkv_mma_q_bytes(D, tile_rows, is_quantized(g.k.format), tile > kNarrow1);
     const unsigned outputs = tile == kGroup4 ? 1 : PKV_MMA_WARPS;
-    return std::max(stages * stage_bytes(g) + mtiles * q, mtiles * pkv_mma_combine_bytes(D, tile_rows, outputs));
+    return std::max(stages * stage_bytes(g) + pkv_mma_widened_bytes(D, fp8_pages(g)) + mtiles * q,
+                    mtiles * pkv_mma_combine_bytes(D, tile_rows, outputs));
   }
 };
 
@@ -79,14 +82,16 @@ KernelChoice::KernelChoice(const Runtime &rt, const DecodePolicy &policy, Module
 
 // The tensor-core kernel serves where the device's shared memory per block holds it for the pool
 // (not head_dim 256 on sm_86/sm_89's 99 KB); the CUDA-core kernel serves there instead. Both need
-// F16/BF16/Q8_0/Q4_0 pages of head_dim 64, 128 or 256; the generic kernel serves the rest (F32 and
-// FP8 pages among them).
+// F16/BF16/Q8_0/Q4_0 pages of head_dim 64, 128 or 256; the tensor-core kernel FP8 K and V pages
+// too. The generic kernel serves the rest (F32 pages, FP8 with another format).
 KernelFamily KernelChoice::family(const PoolGeometry &g) {
   const uint32_t D = g.head_dim;
   auto specialised = [](pkv_format f) { return f != PKV_FORMAT_F32 && !is_fp8(f); };
-  if (!((D == 64 || D == 128 || D == 256) && specialised(g.k.format) && specialised(g.v.format)))
+  const bool fp8 = fp8_pages(g);
+  if (!((D == 64 || D == 128 || D == 256) && ((specialised(g.k.format) && specialised(g.v.format)) || fp8)))
     return KernelFamily::generic;
-  return best_ == KernelFamily::tensor_core && !tensor_core_fits(g) ? KernelFamily::cuda_core : best_;
+  const KernelFamily f = best_ == KernelFamily::tensor_core && !tensor_core_fits(g) ? KernelFamily::cuda_core : best_;
+  return fp8 && f != KernelFamily::tensor_core ? KernelFamily::generic : f;
 }
 
 Function KernelChoice::cuda_core_function(const PoolGeometry &g) {
@@ -112,7 +117,7 @@ Function KernelChoice::tensor_core_function(const PoolGeometry &g, Tile tile) {
   const Shape largest{tile, tile != kWide ? 1u : 2u};
   static const char *const prefix[kTiles] = {"pkv_decode_mma16_", "pkv_decode_mma8_", "pkv_decode_mma8x2_",
                                              "pkv_decode_mma8x4_", "pkv_decode_mmag_"};
-  for (uint32_t stages : {pkv_mma_stages(g.head_dim), pkv_mma_fewer_stages(g.head_dim, float_pages(g))}) {
+  for (uint32_t stages : {pkv_mma_stages(g.head_dim), pkv_mma_fewer_stages(g.head_dim, sixteen_bit_pages(g))}) {
     if (!stages) break;
     const std::string name = prefix[tile] + formats + "_" + std::to_string(stages);
     fn = rt_.function(tensor_core_, name.c_str());

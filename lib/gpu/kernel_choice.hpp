@@ -53,11 +53,12 @@ class KernelChoice {
   KernelFamily best_; // the policy's family, or the best the device has
   bool group_tiles_;  // the image has the group tile's kernels (all or none)
   Function generic_functions_[8] = {}; // by head_dim / 32 - 1
-  // Looked up once, by [head_dim / 128][K format][V format] (from F16); the tensor-core kernel's first
-  // by [Tile].
-  Function cuda_core_functions_[3][4][4] = {}, tensor_core_functions_[kTiles][3][4][4] = {};
-  uint8_t stages_[kTiles][3][4][4] = {}; // 0 until looked up, and where no block fits
-  uint32_t blocks_per_sm_[2 * kTiles][3][4][4] = {}; // first by shape: tile + kTiles (mtiles - 1)
+  // Looked up once, by [head_dim / 128][K format][V format] (from F16: F16 to Q4_0 for the CUDA-core
+  // kernel, to FP8_E5M2 for the tensor-core one); the tensor-core kernel's first by [Tile].
+  static constexpr int kFormats = PKV_FORMAT_FP8_E5M2 - PKV_FORMAT_F16 + 1;
+  Function cuda_core_functions_[3][4][4] = {}, tensor_core_functions_[kTiles][3][kFormats][kFormats] = {};
+  uint8_t stages_[kTiles][3][kFormats][kFormats] = {}; // 0 until looked up, and where no block fits
+  uint32_t blocks_per_sm_[2 * kTiles][3][kFormats][kFormats] = {}; // first by shape: tile + kTiles (mtiles - 1)
 };
 
 } // namespace gpu

@@ -21,6 +21,9 @@
 //    matrix loads give each thread two tokens' bytes of a few values, which become f16 pairs by a
 //    logic operation and a subtraction; the output columns follow those values (pair_value), and the
 //    final write puts them in place.
+//  - FP8 pages: the stage's rows are copied as the pages hold them and widened to F16 rows in shared
+//    memory before the round computes them (tensor_core/widen_rows.cuh), which then runs as for F16
+//    pages; the plane's scale multiplies the scores (K) and the output (V).
 //  - scores are in log2 units (scale * log2 e multiplies q, or the scores where q enters whole); the
 //    warps' partial results combine in shared memory; a split sequence's last finishing chunk merges
 //    all its chunks (a counter per sequence, KV head and row tile), in chunk order, so results are the
@@ -33,17 +36,25 @@
 #include "tensor_core/tile_group.cuh"
 #include "tensor_core/tile_narrow.cuh"
 #include "tensor_core/tile_wide.cuh"
+#include "tensor_core/widen_rows.cuh"
 
 using namespace pkv_mma;
 
 namespace {
 
-template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
+// SKF, SVF: the formats the pages store; T computes in its own (widened_format).
+template <int D, int STAGES, class T, uint32_t SKF, uint32_t SVF> struct Mma {
   using K = typename T::K;
   using V = typename T::V;
+  using SK = Row<SKF, D, T::Tok::spread>; // the rows as a stage holds them
+  using SV = Row<SVF, D, T::Tok::spread>;
+  static constexpr bool WIDEN = SKF != K::format || SVF != V::format;
+  static_assert(!WIDEN || (SKF != K::format && SVF != V::format), "FP8 K and V");
   static constexpr int NS = STAGES; // as pkv_mma_stages or pkv_mma_fewer_stages
   static constexpr int ROWS = T::ROWS, KSTEPS = T::KSTEPS, GROUPS = T::GROUPS, SPLIT = T::SPLIT;
-  static constexpr uint32_t stage_bytes = K::bytes + V::bytes;
+  static constexpr uint32_t stage_bytes = SK::bytes + SV::bytes;
+  static constexpr uint32_t widened_bytes = WIDEN ? K::bytes + V::bytes : 0; // after the stages
+  static_assert(widened_bytes == pkv_mma_widened_bytes(D, WIDEN), "the host sizes shared memory alike");
   // q fragments: float K [split][kstep][lane][QW words]; quantized K by group (T::q_word), then per
   // group a float2 for each pair of rows a thread takes (T::scale_pair): their scales; T::Q_F16 one
   // f16 a value (T::q_f16_word).
@@ -56,16 +67,20 @@ template <int D, uint32_t KF, uint32_t VF, int STAGES, class T> struct Mma {
   static_assert(combine_tile_bytes == pkv_mma_combine_bytes(D, ROWS, T::COMBINE_WARPS),
                 "the host sizes shared memory alike");
   static constexpr uint32_t combine_bytes = 2 * combine_tile_bytes; // 2 row tiles
-  static constexpr uint32_t loop_bytes = NS * stage_bytes + 2 * q_bytes;
+  static constexpr uint32_t loop_bytes = NS * stage_bytes + widened_bytes + 2 * q_bytes;
   // The most the host reserves (two row tiles; mma_shared_bytes in gpu_backend.cpp).
   static constexpr uint32_t shared_bytes = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
   static_assert(shared_bytes <= 227 * 1024, "a block fits a multiprocessor's shared memory");
 };
 
-template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void decode_mma(const PkvDecodeParams &p) {
-  using M = Mma<D, KF, VF, NS, T>;
+// KF, VF: the formats T computes in; SKF, SVF: the pages'.
+template <int D, uint32_t KF, uint32_t VF, int NS, class T, uint32_t SKF, uint32_t SVF>
+__device__ void decode_mma(const PkvDecodeParams &p) {
+  using M = Mma<D, NS, T, SKF, SVF>;
   using K = typename M::K;
   using V = typename M::V;
+  using SK = typename M::SK;
+  using SV = typename M::SV;
   constexpr int ROWS = M::ROWS;
   extern __shared__ uint4 smem_words[];
   uint8_t *smem = reinterpret_cast<uint8_t *>(smem_words);
@@ -73,7 +88,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   __shared__ ItemLimits s_item;
   __shared__ StageRow stage_rows[M::NS][TILE];
   // Bulk copies: a stage's mbarrier; each copying thread arrives once per use.
-  constexpr bool KB = kBulkCopies && !K::quantized, VB = kBulkCopies && !V::quantized;
+  constexpr bool KB = kBulkCopies && !SK::quantized, VB = kBulkCopies && !SV::quantized;
   __shared__ uint64_t stage_bar[M::NS];
   __shared__ alignas(128) uint8_t group_scratch[T::SCRATCH_BYTES];
   uint32_t bar_parity = 0; // bit s: the phase of stage s's next completion
@@ -102,7 +117,8 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     else __syncthreads();
   };
   // Row tile i's q fragments and (quantized K) scales.
-  auto q_frag_of = [&](int i) { return reinterpret_cast<uint32_t *>(smem + M::NS * M::stage_bytes + i * M::q_bytes); };
+  uint8_t *const widened = smem + M::NS * M::stage_bytes;
+  auto q_frag_of = [&](int i) { return reinterpret_cast<uint32_t *>(widened + M::widened_bytes + i * M::q_bytes); };
   auto q_scale_of = [&](int i) { return reinterpret_cast<float *>(q_frag_of(i) + M::q_words); };
   const uint32_t *q_frag = q_frag_of(mt);
   const float *q_scale_sm = q_scale_of(mt);
@@ -119,7 +135,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
   // precision whatever the scale (q times a small scale fell into f16's subnormal range). Quantized K:
   // q times the scale (its int8 parts are scaled per group in fp32).
   const bool q_exact = !K::quantized && p.q_format == KF;
-  const QParts qp{!q_exact, K::quantized ? 1.0f : q_mul};
+  QParts qp{!q_exact, K::quantized ? 1.0f : q_mul};
   const float q_pre = K::quantized ? q_mul : 1.0f; // what q_values multiplies q by
 
   for (uint32_t item = blockIdx.x; item < n_records * p.row_tiles; item += gridDim.x) {
@@ -130,6 +146,9 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
     if (z * block_rows >= rows) continue;   // a row tile past them (a record of fewer tokens)
     const uint32_t h = c.head;
     const uint32_t length = c.length;
+    // FP8 pages: the planes' scales of this KV head, K's on the scores, V's on the output.
+    float v_scale = 1.0f;
+    if constexpr (M::WIDEN) qp.mul = q_mul * plane_scale(pool, false, p.layer, h), v_scale = plane_scale(pool, true, p.layer, h);
     // Query row r of this tile: (token, head of the group), or nothing past the group's rows.
     auto q_head = [&](uint32_t r) {
       const uint32_t row = z * block_rows + r, tok = row / group;
@@ -206,27 +225,27 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
           // they have one format); lanes 0-15 K's scales, 16-31 V's.
           if (mt == 0) {
             const int first = slice * SUB, r = first + lane % SUB;
-            if constexpr (std::is_same_v<K, V>) {
-              copy_rows<K, 32, SUB, 2>({stage, stage + K::bytes}, {0, pool.k_bytes}, rows, first, lane);
+            if constexpr (std::is_same_v<SK, SV>) {
+              copy_rows<SK, 32, SUB, 2>({stage, stage + SK::bytes}, {0, pool.k_bytes}, rows, first, lane);
             } else {
-              copy_rows<K, 32, SUB, 1>({stage}, {0}, rows, first, lane);
-              copy_rows<V, 32, SUB, 1>({stage + K::bytes}, {pool.k_bytes}, rows, first, lane);
+              copy_rows<SK, 32, SUB, 1>({stage}, {0}, rows, first, lane);
+              copy_rows<SV, 32, SUB, 1>({stage + SK::bytes}, {pool.k_bytes}, rows, first, lane);
             }
-            static_assert(K::scales == V::scales, "both quantized");
+            static_assert(SK::scales == SV::scales, "both quantized");
             const bool k = lane < SUB;
-            copy_scales<K::scales>(stage + (k ? K::of_token(r) + K::data : K::bytes + V::of_token(r) + V::data), &rows[r],
+            copy_scales<SK::scales>(stage + (k ? SK::of_token(r) + SK::data : SK::bytes + SV::of_token(r) + SV::data), &rows[r],
                                    k ? pool.k.scale_offset : pool.k_bytes + pool.v.scale_offset);
           }
         } else if (tid < TILE) {
-          if constexpr (KB) bulk_row<K>(stage, rows, 0, tid, &stage_bar[slot]);
-          else copy_rows<K, TILE, TILE, 1>({stage}, {0}, rows, 0, tid);
-          if constexpr (K::scales != 0) copy_scales<K::scales>(stage + K::of_token(tid) + K::data, &rows[tid], pool.k.scale_offset);
+          if constexpr (KB) bulk_row<SK>(stage, rows, 0, tid, &stage_bar[slot]);
+          else copy_rows<SK, TILE, TILE, 1>({stage}, {0}, rows, 0, tid);
+          if constexpr (SK::scales != 0) copy_scales<SK::scales>(stage + SK::of_token(tid) + SK::data, &rows[tid], pool.k.scale_offset);
         } else if (tid < 2 * TILE) {
           const int i = tid - TILE;
-          if constexpr (VB) bulk_row<V>(stage + K::bytes, rows, pool.k_bytes, i, &stage_bar[slot]);
-          else copy_rows<V, TILE, TILE, 1>({stage + K::bytes}, {pool.k_bytes}, rows, 0, i);
-          if constexpr (V::scales != 0)
-            copy_scales<V::scales>(stage + K::bytes + V::of_token(i) + V::data, &rows[i], pool.k_bytes + pool.v.scale_offset);
+          if constexpr (VB) bulk_row<SV>(stage + SK::bytes, rows, pool.k_bytes, i, &stage_bar[slot]);
+          else copy_rows<SV, TILE, TILE, 1>({stage + SK::bytes}, {pool.k_bytes}, rows, 0, i);
+          if constexpr (SV::scales != 0)
+            copy_scales<SV::scales>(stage + SK::bytes + SV::of_token(i) + SV::data, &rows[i], pool.k_bytes + pool.v.scale_offset);
         }
       }
       cp_async_commit();
@@ -326,6 +345,12 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // even with Q4_0 pages).
       if constexpr (T::GROUPED) issue(tile + M::NS - 1, last, plain);
       const uint8_t *stage = smem + slot * M::stage_bytes;
+      if constexpr (M::WIDEN) {
+        widen_rows<SK, K>(stage, widened, tid, threads);
+        widen_rows<SV, V>(stage + SK::bytes, widened + K::bytes, tid, threads);
+        __syncthreads();
+        stage = widened;
+      }
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
       // A plain round's tokens are all visible to every row: none is within NS tiles of the chunk's end
       // (a speculative row sees all but the last few tokens of the sequence); padding rows' weights
@@ -397,7 +422,7 @@ template <int D, uint32_t KF, uint32_t VF, int NS, class T> __device__ void deco
       // The sink joins the sequence's result once: here where it has one chunk, else in the merge.
       const float rescale = split ? 1.0f : join_sink<true>(top, sum, row_sink(p, uint32_t(q_head(tid) % p.q_heads), kLog2e));
 #pragma unroll
-      for (int w = 0; w < WARPS; w++) cm[(w0 + w) * ROWS + r] = sum > 0.0f ? weight[w] * rescale / sum : 0.0f;
+      for (int w = 0; w < WARPS; w++) cm[(w0 + w) * ROWS + r] = sum > 0.0f ? weight[w] * rescale * v_scale / sum : 0.0f;
       cl[w0 * ROWS + r] = sum > 0.0f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY; // natural log
     }
     __syncthreads();
@@ -543,22 +568,29 @@ constexpr int mma_blocks(int d, int stages, bool float_pages) {
   return d == 64 ? 4 : d == 256 ? 1 : float_pages && stages == 3 ? 2 : 3;
 }
 
+// KF, VF: the pages' formats.
 #define PKV_MMA_KERNEL(NAME, REGISTERS, T, D, KF, VF, NS)                                                    \
   extern "C" __global__ void __maxnreg__(REGISTERS) NAME(PkvDecodeParams p) {                                \
-    decode_mma<D, KF, VF, NS, T<D, KF, VF>>(p);                                                              \
+    constexpr uint32_t kf = widened_format(KF), vf = widened_format(VF);                                     \
+    decode_mma<D, kf, vf, NS, T<D, kf, vf>, KF, VF>(p);                                                      \
   }
 // pkv_decode_mma<rows>_<head_dim>_<k format>_<v format>_<stages>: rows 16 (Wide) or 8 (Narrow) a
 // tile, format numbers as in pkv_format.
 #define PKV_MMA_TILE(T, R, D, KF, VF, NS)                                                                    \
   PKV_MMA_KERNEL(pkv_decode_mma##R##_##D##_##KF##_##VF##_##NS,                                               \
-                 mma_registers(D, mma_blocks(D, NS, KF <= BF16 && VF <= BF16)), T, D, KF, VF, NS)
+                 mma_registers(D, mma_blocks(D, NS, !quantized_format(KF) && !quantized_format(VF))), T, D, KF, VF, NS)
 #define PKV_MMA(D, KF, VF, NS) PKV_MMA_TILE(Wide, 16, D, KF, VF, NS) PKV_MMA_TILE(Narrow1, 8, D, KF, VF, NS)
 #define PKV_MMA_V(D, KF, NS) PKV_MMA(D, KF, 2, NS) PKV_MMA(D, KF, 3, NS) PKV_MMA(D, KF, 4, NS) PKV_MMA(D, KF, 5, NS)
 #define PKV_MMA_KV(D, NS) PKV_MMA_V(D, 2, NS) PKV_MMA_V(D, 3, NS) PKV_MMA_V(D, 4, NS) PKV_MMA_V(D, 5, NS)
 PKV_MMA_KV(64, 3)
 PKV_MMA_KV(128, 3)
 PKV_MMA_KV(256, 2)
-// Float head_dim 128 with two stages (pkv_mma_fewer_stages).
+// FP8 K and V, either code in either plane.
+#define PKV_MMA_FP8(D, NS) PKV_MMA(D, 6, 6, NS) PKV_MMA(D, 6, 7, NS) PKV_MMA(D, 7, 6, NS) PKV_MMA(D, 7, 7, NS)
+PKV_MMA_FP8(64, 3)
+PKV_MMA_FP8(128, 3)
+PKV_MMA_FP8(256, 2)
+// F16/BF16 head_dim 128 with two stages (pkv_mma_fewer_stages).
 PKV_MMA(128, 2, 2, 2) PKV_MMA(128, 2, 3, 2) PKV_MMA(128, 3, 2, 2) PKV_MMA(128, 3, 3, 2)
 // The narrow head_dim 128 kernels with quantized K and Q4_0 V at 128 registers, four blocks a
 // multiprocessor instead of three (pkv_decode_mma8_128_<k format>_5_3_4blocks): bound by instruction

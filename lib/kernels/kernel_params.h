@@ -166,6 +166,12 @@ static constexpr uint32_t pkv_mma_part_bytes(uint32_t data_and_scale_bytes, int 
   return tokens * data_and_scale_bytes + tokens / 8 * 16;
 }
 
+/* Bytes of the tensor-core kernel's widened stage where the pages are FP8 (0 otherwise): the K and V
+ * rows of the stage being computed, widened to F16 rows in the float layout above. */
+static constexpr uint32_t pkv_mma_widened_bytes(uint32_t head_dim, int fp8) {
+  return fp8 ? 2 * pkv_mma_part_bytes(2 * head_dim, 0) : 0;
+}
+
 /* Bytes of one row tile's q fragments in the tensor-core kernel's shared memory (rows: the tile's
  * query rows): float K two 16-bit parts a value; quantized K two int8 parts a value and a float
  * scale a (row, 32-value group), or (f16_q: the narrow tile of several n-tiles) one f16 a value. */
@@ -184,13 +190,13 @@ static constexpr uint32_t pkv_mma_combine_bytes(uint32_t head_dim, uint32_t rows
 }
 
 /* Shared-memory stages per block of the tensor-core kernel: two for head_dim 256 (a stage is large),
- * three otherwise (float pages of head_dim 128 then fit two blocks a multiprocessor, not three, and
- * measured faster: more bytes in flight per block). Those take 112 KB a block, more than sm_86 and
- * sm_89 give (99 KB), so their kernels are compiled with two stages as well, for the host to take
- * where three do not fit (0: no such kernel). */
+ * three otherwise (F16/BF16 pages of head_dim 128 then fit two blocks a multiprocessor, not three,
+ * and measured faster: more bytes in flight per block). Those take 112 KB a block, more than sm_86
+ * and sm_89 give (99 KB), so their kernels are compiled with two stages as well, for the host to
+ * take where three do not fit (0: no such kernel). */
 static inline uint32_t pkv_mma_stages(uint32_t head_dim) { return head_dim >= 256 ? 2 : 3; }
-static inline uint32_t pkv_mma_fewer_stages(uint32_t head_dim, int float_pages) {
-  return head_dim == 128 && float_pages ? 2 : 0;
+static inline uint32_t pkv_mma_fewer_stages(uint32_t head_dim, int sixteen_bit_pages) {
+  return head_dim == 128 && sixteen_bit_pages ? 2 : 0;
 }
 
 #endif

@@ -20,11 +20,11 @@ template <bool SPREAD> struct Tokens {
 template <uint32_t F, int D, bool SPREAD> struct Row {
   static constexpr uint32_t format = F;
   static constexpr bool quantized = quantized_format(format);
-  static constexpr uint32_t data = F == Q8_0 ? D : F == Q4_0 ? D / 2 : 2 * D;
+  static constexpr uint32_t data = F == Q8_0 || F == FP8_E4M3 || F == FP8_E5M2 ? D : F == Q4_0 ? D / 2 : 2 * D;
   static constexpr uint32_t scales = quantized ? D / 32 * 2 : 0;
-  // Float rows as the page holds them, by token, in blocks of 8 (an eighth of the stage, often 8
-  // rows of one page, copied whole) each followed by 16 bytes of padding: the eight rows a matrix
-  // load reads are in eight blocks, so in different banks. Quantized rows (data then scales, padded
+  // Float rows (FP8 too) as the page holds them, by token, in blocks of 8 (an eighth of the stage,
+  // often 8 rows of one page, copied whole) each followed by 16 bytes of padding: the eight rows a
+  // matrix load reads are in eight blocks, so in different banks. Quantized rows (data then scales, padded
   // to an odd number of 16-byte units, so the 8 rows a matrix load reads fall in different banks)
   // by MMA row: warp w's row m at slot 16 w + m.
   static constexpr uint32_t units = (data + scales + 15) / 16;
