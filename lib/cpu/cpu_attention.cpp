@@ -388,15 +388,32 @@ PKV_ALWAYS_INLINE float apply_mask(float *p, uint32_t n, uint64_t t0, const Toke
   return top;
 }
 
-// A row's scores past the plain case (p[i] is position t0 + i's q.k, i < n): scaled, soft-capped,
-// ALiBi-biased by slope times the distance to the query (at view.end - 1), and hidden below the
-// view's window start, in that order (pagedkv.h, section 7a); returns the largest.
-float shape_scores(float *p, uint32_t n, uint64_t t0, const TokenView &view, float scale, float softcap, float slope) {
+// A row's scores past the plain case (p[i] is position t0 + i's q.k, i < n; p has room for n rounded
+// up to W): scaled, soft-capped, ALiBi-biased by slope times the distance to the query (at
+// view.end - 1), and hidden below the view's window start, in that order (pagedkv.h, section 7a);
+// returns the largest. tanh by its exponential form on |x|, (1 - e^-2x) / (1 + e^-2x), as the GPU
+// kernels take it: within ~1e-7 of tanh, ~5e-6 of a logit under a cap of 50.
+template <int W>
+PKV_ALWAYS_INLINE float shape_scores(float *p, uint32_t n, uint64_t t0, const TokenView &view, float scale,
+                                     float softcap, float slope) {
+  if (softcap != 0.0f) {
+    const float in = scale / softcap;
+    const Floats<W> nine = Floats<W>{} + 9.0f; // tanh is 1 in float past 9
+    for (uint32_t i = 0; i < n; i += W) {
+      const Floats<W> x = load<W>(p + i) * in;
+      const Ints<W> sign = (Ints<W>)x & std::numeric_limits<int32_t>::min();
+      Floats<W> a = (Floats<W>)((Ints<W>)x & std::numeric_limits<int32_t>::max());
+      a = a > nine ? nine : a; // NaN stays
+      const Floats<W> e = exp_nonpositive<W>(a * -2.0f);
+      const Floats<W> t = (1.0f - e) / (1.0f + e) * softcap;
+      store<W>(p + i, (Floats<W>)((Ints<W>)t | sign));
+    }
+  } else {
+    for (uint32_t i = 0; i < n; i++) p[i] *= scale;
+  }
   float top = -std::numeric_limits<float>::infinity();
   for (uint32_t i = 0; i < n; i++) {
-    float s = p[i] * scale;
-    if (softcap != 0.0f) s = softcap * std::tanh(s / softcap);
-    s -= slope * float(view.end - 1 - (t0 + i));
+    const float s = p[i] - slope * float(view.end - 1 - (t0 + i));
     p[i] = t0 + i < view.begin ? -std::numeric_limits<float>::infinity() : s;
     top = std::max(top, p[i]);
   }
@@ -420,7 +437,7 @@ template <int W, int R> PKV_ALWAYS_INLINE void update_rows(const AttendTask &t, 
     if (t.softcap == 0.0f && !t.slopes && view.begin <= t0)
       for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= t.scale);
     else
-      block_max = shape_scores(pj, nv, t0, view, t.scale, t.softcap, t.slopes ? t.slopes[(r + j) % group] : 0.0f);
+      block_max = shape_scores<W>(pj, nv, t0, view, t.scale, t.softcap, t.slopes ? t.slopes[(r + j) % group] : 0.0f);
     if (view.mask_row && t0 + nv > view.mask_from) block_max = apply_mask(pj, nv, t0, view);
     if (block_max == neg_inf) { // nothing finite to weigh (the row's m may still be -inf)
       correction[j] = 1.0f;
