@@ -497,8 +497,7 @@ class Pool:
         query i sees: itself and none after it), every position before the new tokens and the new
         tokens its row marks. Returns out (q's shape and dtype, or the array given), or (out, lse)
         when lse is True or an array (float32, q's shape without head_dim). A sequence may appear
-        more than once. The variants are decode's. The CPU backend runs it; the GPU backends raise
-        UnsupportedError."""
+        more than once. The variants are decode's."""
         import numpy as np
 
         if len(tokens) != len(seqs):
