@@ -8,8 +8,9 @@
 //    a round waits for its own warps only.
 //    A block serves one narrow tile of 8 query rows (speculative tokens times the GQA group) or 1 or
 //    2 wide tiles of 16, with 4 warps each, a warp taking 16 tokens of every stage (Narrow and Wide),
-//    or on sm_90a 32 rows as one warpgroup (Group); tensor_core/tile_*.cuh. Rows past the chunk are
-//    zero-filled, so every MMA input is finite.
+//    or on sm_90a 32 rows as one warpgroup (Group); tensor_core/tile_*.cuh. Rows past the chunk,
+//    and before the item's first window, are zero-filled, so no row hidden from every query row
+//    brings a NaN into the MMAs.
 //  - Scores S = Q K^T and the output O = P V run on the tensor cores with fp32 accumulation. Float
 //    operands keep ~16-22 bits by splitting: q (and P) are sums of two f16 (F16 pages) or bf16 parts,
 //    each multiplied against the exact page values; q in the pages' own format enters whole.
@@ -204,12 +205,18 @@ __device__ void decode_mma(const PkvDecodeParams &p) {
       const uint32_t t = c.token_begin + tile * TILE + my_token;
       return in_chunk || (tile < tiles && t < c.token_end) ? table[(c.start + t) >> pool.page_shift] : pool.pages;
     };
+    // Positions below the first query row's window (counted from c.start) are hidden from every row of
+    // the item: their rows are zeros, not read, since a page's slots before the window (or released
+    // positions) may hold anything, NaN too, and a hidden row's weight of 0 would carry it through the
+    // MMAs (0 x NaN).
+    const uint32_t first_seen = p.window && length - c.tokens + 1 > p.window ? length - c.tokens + 1 - p.window : 0;
     auto locate = [&](int tile, uint32_t page) {
       const uint32_t t = c.token_begin + tile * TILE + my_token, first = t - uint32_t(my_token) % 8, in_page = pool.page_size - 1;
-      const bool valid = page < pool.pages;
+      const bool valid = page < pool.pages && t >= first_seen;
       // The eighth's rows share this row's page (and so its validity) when they share its page index
-      // (c.start is a page's first position).
-      const bool eighth = (KB || VB) && valid && first + 7 < c.token_end && (first & in_page) + 7 <= in_page;
+      // (c.start is a page's first position) and the first of them is seen.
+      const bool eighth = (KB || VB) && valid && first >= first_seen && first + 7 < c.token_end &&
+                          (first & in_page) + 7 <= in_page;
       return StageRow{layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0),
                       (h << pool.page_shift) + (t & in_page), valid + 2u * eighth}; // kNone, kRow or kEighth
     };
