@@ -87,10 +87,13 @@ def device(args: argparse.Namespace) -> torch.device:
 
 
 def context(args: argparse.Namespace) -> pagedkv.Context:
-    """This rank's context: on a GPU, on torch's current stream, so that the library's writes, the
-    collectives and its decodes run in the order the engine issues them."""
+    """This rank's context: on a GPU, on a stream of torch's made current for the rank's life, so
+    that the library's writes, the collectives and its decodes run in the order the engine issues
+    them (torch's default stream has handle 0, which a context reads as "the library's own")."""
     if args.backend == "cuda":
-        return pagedkv.Context(backend="cuda", device=torch.cuda.current_device(), stream=torch.cuda.current_stream())
+        stream = torch.cuda.Stream()
+        torch.cuda.set_stream(stream)
+        return pagedkv.Context(backend="cuda", device=torch.cuda.current_device(), stream=stream)
     return pagedkv.Context(backend="cpu", threads=1)
 
 

@@ -48,8 +48,12 @@ def pools(ctx, fmt, seed_a, seed_b, head_dim=64):
 
 
 def context(backend):
+    """A context on the CPU, or on a stream of torch's made current (torch's default stream, handle 0,
+    is the library's own stream to a context)."""
     if backend == "cuda":
-        return pagedkv.Context(backend="cuda", stream=torch.cuda.current_stream())
+        stream = torch.cuda.Stream()
+        torch.cuda.set_stream(stream)
+        return pagedkv.Context(backend="cuda", stream=stream)
     return pagedkv.Context(backend="cpu")
 
 
