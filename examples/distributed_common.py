@@ -1,7 +1,8 @@
 """What the distributed examples (disaggregated/, tensor_parallel/) share: their options, how they start
 one process per rank, each rank's pagedkv context on its own device, the rows a model step would
-compute (drawn from a seed, so every rank and every reference pool makes the same ones), and torch
-views over a pool's memory that a collective library sends and receives into.
+compute (drawn from a seed, so every rank and every reference pool makes the same ones) and that
+step (prefill, then decode steps) over a range of KV heads, and torch views over a pool's memory
+that a collective library sends and receives into.
 
 The engine's side is torch.distributed: NCCL between GPUs (backend cuda), gloo between host
 processes (backend cpu, the pagedkv CPU backend, so the examples run where no GPU is). pagedkv
@@ -107,6 +108,41 @@ def rows(args: argparse.Namespace, n: int, heads: int, *key: int) -> torch.Tenso
     position...): the same values on every rank and in every pool."""
     g = torch.Generator().manual_seed(hash((args.seed,) + key) & 0x7FFFFFFFFFFFFFFF)
     return torch.randn(n, heads, args.head_dim, generator=g).to(torch.float16)
+
+
+def prefill(pool: pagedkv.Pool, seqs, lens: List[int], args: argparse.Namespace, dev: torch.device,
+            heads: slice = None) -> List[torch.Tensor]:
+    """The prompts' K/V for every layer and the prefill's attention over them (Pool.extend), for the
+    model's KV heads `heads` (all by default) and their query heads; each layer's attention output."""
+    heads = heads or slice(0, args.kv_heads)
+    qh = slice(heads.start * args.group, heads.stop * args.group)
+    outs = []
+    pool.append(seqs, lens)
+    for layer in range(pool.layers):
+        k, v, q = [torch.cat([rows(args, n, width, what, b, layer) for b, n in enumerate(lens)])[:, part]
+                   for what, width, part in ((0, args.kv_heads, heads), (1, args.kv_heads, heads),
+                                             (2, args.kv_heads * args.group, qh))]
+        pool.write(layer, seqs, lens, k.contiguous().to(dev), v.contiguous().to(dev))
+        outs.append(pool.extend(layer, seqs, lens, q.contiguous().to(dev)).clone())
+    return outs
+
+
+def decode_steps(pool: pagedkv.Pool, seqs, args: argparse.Namespace, dev: torch.device,
+                 heads: slice = None) -> List[torch.Tensor]:
+    """--steps decode steps over the KV heads `heads` (all by default): a new token's K/V for every
+    layer, then its attention; every output."""
+    heads = heads or slice(0, args.kv_heads)
+    qh = slice(heads.start * args.group, heads.stop * args.group)
+    outs = []
+    for step in range(args.steps):
+        pool.append(seqs, 1)
+        for layer in range(pool.layers):
+            k, v, q = [torch.cat([rows(args, 1, width, what, b, layer, step) for b in range(len(seqs))])[:, part]
+                       for what, width, part in ((3, args.kv_heads, heads), (4, args.kv_heads, heads),
+                                                 (5, args.kv_heads * args.group, qh))]
+            pool.write(layer, seqs, 1, k.contiguous().to(dev), v.contiguous().to(dev))
+            outs.append(pool.decode(layer, seqs, q.contiguous().to(dev)).clone())
+    return outs
 
 
 def region_views(pool: pagedkv.Pool) -> List[torch.Tensor]:

@@ -46,32 +46,6 @@ def pool_of(ctx: pagedkv.Context, args, layers: int, tokens: int, sequences: int
                     k_format=args.format, v_format=args.format, page_order_seed=common.page_order(args, salt))
 
 
-def prefill(pool: pagedkv.Pool, seqs, lens: List[int], args, dev) -> None:
-    """The prompts' K/V for every layer, and the prefill's attention over them."""
-    pool.append(seqs, lens)
-    for layer in range(pool.layers):
-        k = torch.cat([common.rows(args, n, args.kv_heads, 0, b, layer) for b, n in enumerate(lens)]).to(dev)
-        v = torch.cat([common.rows(args, n, args.kv_heads, 1, b, layer) for b, n in enumerate(lens)]).to(dev)
-        pool.write(layer, seqs, lens, k, v)
-        q = torch.cat([common.rows(args, n, args.kv_heads * args.group, 2, b, layer) for b, n in enumerate(lens)])
-        pool.extend(layer, seqs, lens, q.to(dev))
-
-
-def decode_steps(pool: pagedkv.Pool, seqs, args, dev) -> List[torch.Tensor]:
-    """--steps decode steps: a new token's K/V for every layer, then its attention; every output."""
-    outs = []
-    for step in range(args.steps):
-        pool.append(seqs, 1)
-        for layer in range(pool.layers):
-            kv = [torch.cat([common.rows(args, 1, args.kv_heads, 3 + part, b, layer, step) for b in range(len(seqs))])
-                  for part in range(2)]
-            pool.write(layer, seqs, 1, kv[0].to(dev), kv[1].to(dev))
-            q = torch.cat([common.rows(args, 1, args.kv_heads * args.group, 5, b, layer, step)
-                           for b in range(len(seqs))])
-            outs.append(pool.decode(layer, seqs, q.to(dev)).clone())
-    return outs
-
-
 def span_table(seqs) -> torch.Tensor:
     """[n, 3] int64: each span's region, offset and bytes, the sequences' spans one after another."""
     return torch.tensor([[s.region, s.offset, s.bytes] for seq in seqs for s in seq.page_spans()], dtype=torch.int64)
@@ -113,7 +87,8 @@ def messages(mine: torch.Tensor, theirs: torch.Tensor) -> List[Tuple[int, int, i
 def transfer(pool: pagedkv.Pool, seqs, rank: int) -> int:
     """Moves the sequences' pages from rank 0's pool to rank 1's; returns the messages' count."""
     views = common.region_views(pool)
-    plan = messages(span_table(seqs), exchange(span_table(seqs), rank))
+    mine = span_table(seqs)
+    plan = messages(mine, exchange(mine, rank))
     if rank == PREFILL:
         works = [dist.isend(views[m[0]][m[1]:m[1] + m[4]], 1) for m in plan]
     else:
@@ -183,18 +158,18 @@ def main(rank: int, world: int, args) -> bool:
         pool = pool_of(ctx, args, args.layers, args.longest, args.prompts, rank)
         if rank == PREFILL:
             seqs = [pool.alloc() for _ in lens]
-            prefill(pool, seqs, lens, args, dev)
+            common.prefill(pool, seqs, lens, args, dev)
             count = transfer(pool, seqs, rank)
             print(f"rank {rank}: sent {len(seqs)} sequences ({sum(lens)} tokens, {args.layers} layers, "
                   f"{args.format}) in {count} messages", flush=True)
         else:
             free_before = pool.stats().pages_free
             seqs = receive(pool, lens, rank)
-            outs = decode_steps(pool, seqs, args, dev)
+            outs = common.decode_steps(pool, seqs, args, dev)
             with pool_of(ctx, args, args.layers, args.longest, args.prompts, 2) as ref:
                 ref_seqs = [ref.alloc() for _ in lens]
-                prefill(ref, ref_seqs, lens, args, dev)
-                want = decode_steps(ref, ref_seqs, args, dev)
+                common.prefill(ref, ref_seqs, lens, args, dev)
+                want = common.decode_steps(ref, ref_seqs, args, dev)
             ok &= common.report(rank, same_bits(outs, want), f"{args.steps} decode steps x {args.layers} layers "
                                 f"of the transferred sequences equal, bit for bit, one pool's that prefilled itself")
             for s in seqs:

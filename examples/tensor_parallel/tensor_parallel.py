@@ -29,27 +29,10 @@ import pagedkv  # noqa: E402
 
 
 def step_outputs(pool: pagedkv.Pool, lens: List[int], args, heads: slice, dev) -> List[torch.Tensor]:
-    """Prefill of the prompts, then --steps decode steps, for the KV heads `heads` of the model; each
-    call's attention output (the prefill's, then each decode's), [tokens, query heads, head_dim]."""
-    kv_all, group = args.kv_heads, args.group
-    qh = slice(heads.start * group, heads.stop * group)
+    """Prefill of the prompts, then --steps decode steps, for the model's KV heads `heads`; each call's
+    attention output (the prefill's, then each decode's), [tokens, query heads, head_dim]."""
     seqs = [pool.alloc() for _ in lens]
-    outs = []
-    pool.append(seqs, lens)
-    for layer in range(pool.layers):
-        k = torch.cat([common.rows(args, n, kv_all, 0, b, layer) for b, n in enumerate(lens)])[:, heads]
-        v = torch.cat([common.rows(args, n, kv_all, 1, b, layer) for b, n in enumerate(lens)])[:, heads]
-        pool.write(layer, seqs, lens, k.contiguous().to(dev), v.contiguous().to(dev))
-        q = torch.cat([common.rows(args, n, kv_all * group, 2, b, layer) for b, n in enumerate(lens)])[:, qh]
-        outs.append(pool.extend(layer, seqs, lens, q.contiguous().to(dev)).clone())
-    for step in range(args.steps):
-        pool.append(seqs, 1)
-        for layer in range(pool.layers):
-            k, v = [torch.cat([common.rows(args, 1, kv_all, 3 + part, b, layer, step) for b in range(len(lens))])[:, heads]
-                    for part in range(2)]
-            pool.write(layer, seqs, 1, k.contiguous().to(dev), v.contiguous().to(dev))
-            q = torch.cat([common.rows(args, 1, kv_all * group, 5, b, layer, step) for b in range(len(lens))])[:, qh]
-            outs.append(pool.decode(layer, seqs, q.contiguous().to(dev)).clone())
+    outs = common.prefill(pool, seqs, lens, args, dev, heads) + common.decode_steps(pool, seqs, args, dev, heads)
     for s in seqs:
         s.free()
     return outs

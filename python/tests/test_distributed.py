@@ -41,10 +41,10 @@ def copy_spans(src_pool, src_seqs, dst_pool, dst_seqs, count=None):
     return len(plan)
 
 
-def pools(ctx, fmt, seed_a, seed_b, head_dim=64):
-    desc = dict(layers=2, kv_heads=2, head_dim=head_dim, pages=96, page_size=8, max_sequences=6, k_format=fmt,
-                v_format=fmt)
-    return ctx.pool(page_order_seed=seed_a, **desc), ctx.pool(page_order_seed=seed_b, **dict(desc, head_dim=64))
+def pools(ctx, fmt, seed_a, seed_b, a_head_dim=64):
+    """Two pools of one geometry (head_dim 64), but for the first's head_dim when a_head_dim says."""
+    desc = dict(layers=2, kv_heads=2, head_dim=64, pages=96, page_size=8, max_sequences=6, k_format=fmt, v_format=fmt)
+    return ctx.pool(page_order_seed=seed_a, **dict(desc, head_dim=a_head_dim)), ctx.pool(page_order_seed=seed_b, **desc)
 
 
 def context(backend):
@@ -95,7 +95,7 @@ def test_transfer_failing_half_way_changes_nothing(rng, monkeypatch):
 
 def test_geometry_mismatch_refused(rng):
     with context("cpu") as ctx:
-        a, b = pools(ctx, "f16", 0, 0, head_dim=128)
+        a, b = pools(ctx, "f16", 0, 0, a_head_dim=128)
         lengths = [int(x) for x in rng.integers(1, 60, 2)]
         src = fill(a, rng, lengths, "cpu")
         dst = [b.alloc() for _ in lengths]
