@@ -444,7 +444,6 @@ void pkv_pool::extend(const pkv_extend_args &a) {
   batch.variants = variants;
   std::lock_guard<std::mutex> device(ctx_->mu);
   batch.config = &plans_.config(*ctx_->backend, geometry_, pkv::kMaxQueryTokens * (a.q_heads / geometry_.kv_heads));
-  plans_.set_resident(false); // a backend may run the extend through the plan buffer
   ctx_->backend->extend(geometry_, batch);
   pending_.clear();
 }

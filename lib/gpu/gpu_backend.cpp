@@ -30,6 +30,13 @@ constexpr unsigned kThreads = 128;
 // An image's payload moves to and from host memory through a device buffer of this many bytes at a
 // time (large enough that each copy runs at the link's rate); a device image moves in launches of
 // at most kImageLaunchBlocks blocks.
+// The most blocks of kMaxQueryTokens new tokens an extend's plan holds (8K tokens): each plan's
+// launch has a block's work for every KV head of each of them, enough to fill a device, and its buffer
+// stays near a MB however long the prompt (tests/api/test_extend.c's plans case crosses it).
+constexpr uint32_t kExtendPlanBlocks = 1024;
+// An extend's block as its fields: length, start, page-table row, first query row, tokens, tree-mask
+// row (two words), mask stride (0: none) and the position of the entry's first new token.
+constexpr uint32_t kBlockFields = 9;
 constexpr uint64_t kImageChunkBytes = 32ull << 20;
 constexpr uint64_t kImageLaunchBlocks = 1u << 20;
 // Thread blocks an image copy launches at most, each taking every kImageGrid-th (layer, page) block:
@@ -228,53 +235,82 @@ class GpuBackend final : public Backend {
 
   // An extend's new tokens run as records of the decode's kernels: each entry's tokens in blocks of
   // up to kMaxQueryTokens, a block attending like a decode of that many query tokens over the
-  // sequence up to its last token (so causally; a tree mask hides new tokens besides), in plans of
-  // at most max_sequences blocks that the plan buffer holds.
+  // sequence up to its last token (so causally; a tree mask hides new tokens besides). The blocks
+  // go in plans of up to kExtendPlanBlocks in a buffer of the backend's, with the call's tree masks:
+  // in the pool's plan buffer, which holds max_sequences sequences, a prefill of one sequence ran as
+  // a launch for each of its blocks, every one too small to fill the device. An engine extends the
+  // same batch in every layer of a step: a call whose blocks, masks and configuration are the last
+  // call's launches the plans already on the device.
   void extend(const PoolGeometry &g, const ExtendBatch &b) override {
     Current current(rt_);
     put_table(g, b.table);
     const Attention a{b.layer, b.q_heads, b.q_offsets[b.count], b.scale, b.q_format, b.out_format, b.memory,
-                      b.q, b.out, b.lse, b.variants, b.mask, b.mask ? b.mask_bytes : 0};
+                      b.q, b.out, b.lse, b.variants};
     if (a.rows == 0) return;
     // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows,
-    // with their tree-mask rows (the plan's records get them below).
-    struct Tree {
-      uint64_t at;
-      uint32_t stride, new_begin;
-    };
-    std::vector<uint32_t> lengths, starts, slots, q_rows, tokens;
-    std::vector<Tree> trees;
+    // with their tree-mask rows (the plan's records get them below), in one array (Block's fields).
+    std::vector<uint32_t> blocks;
     for (uint32_t e = 0; e < b.count; e++) {
       const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n, stride = (n + 7) / 8;
       for (uint32_t i = 0; i < n; i += kMaxQueryTokens) {
-        const uint32_t t = std::min(kMaxQueryTokens, n - i), end = first + i + t;
-        const uint32_t start = b.variants.plan_start(first + i, g.page_size);
-        lengths.push_back(end - start);
-        starts.push_back(start);
-        slots.push_back(b.seq_slots[e]);
-        q_rows.push_back(b.q_offsets[e] + i);
-        tokens.push_back(t);
-        if (b.mask) trees.push_back({b.mask_offsets[e] + uint64_t(i) * stride, stride, first});
+        const uint32_t t = std::min(kMaxQueryTokens, n - i), start = b.variants.plan_start(first + i, g.page_size);
+        const uint64_t mask_row = b.mask ? b.mask_offsets[e] + uint64_t(i) * stride : 0;
+        blocks.insert(blocks.end(), {first + i + t - start, start, b.seq_slots[e], b.q_offsets[e] + i, t,
+                                     uint32_t(mask_row), uint32_t(mask_row >> 32), b.mask ? stride : 0, first});
       }
     }
-    const DecodeConfig &k = *b.config;
-    reserve_parts(g, k, kMaxQueryTokens, b.q_heads);
-    const Staged io = stage(g, a);
-    for (size_t at = 0; at < lengths.size(); at += g.max_sequences) {
-      const uint32_t n = uint32_t(std::min<size_t>(g.max_sequences, lengths.size() - at));
-      PlanBatch pb{&lengths[at], &slots[at], n, g.page_size, g.kv_heads, 0, &starts[at], kMaxQueryTokens};
-      pb.q_rows = &q_rows[at];
-      pb.tokens = &tokens[at];
-      DecodePlan plan = make_plan(k.plan, pb);
-      if (b.mask)
-        for (PlanRecord &r : plan.records)
-          if (r.seq != kNoSeq) {
-            const Tree &tree = trees[at + r.seq];
-            r.mask = tree.at, r.mask_stride = tree.stride, r.new_begin = tree.new_begin;
-          }
-      upload_plan(staging_, g, plan, k.plan.limits.records, n);
-      launch(g, k, plan, a, io, n, kMaxQueryTokens);
+    DecodeConfig k = *b.config;
+    const uint32_t count = uint32_t(blocks.size() / kBlockFields), most = std::min(kExtendPlanBlocks, count);
+    k.plan.limits = chosen_plan_bounds(most, g.kv_heads, k.plan.workers);
+    const PlanPlace place{0, most, k.plan.limits.records};
+    const uint64_t part_bytes = align16(place.layout().bytes);
+    const uint32_t parts = (count + most - 1) / most;
+    ExtendPlans &x = extend_plans_;
+    const bool same = x.resident && x.blocks == blocks && x.config == k.plan && x.page_size == g.page_size &&
+                      x.kv_heads == g.kv_heads && x.mask.size() == (b.mask ? b.mask_bytes : 0) &&
+                      (!b.mask || std::equal(x.mask.begin(), x.mask.end(), b.mask));
+    if (!same) {
+      x.resident = false;
+      x.parts.clear();
+      for (uint32_t i = 0; i < parts; i++) {
+        const uint32_t n = std::min(most, count - i * most);
+        std::vector<uint32_t> field[kBlockFields];
+        for (auto &f : field) f.resize(n);
+        for (uint32_t j = 0; j < n; j++)
+          for (uint32_t f = 0; f < kBlockFields; f++) field[f][j] = blocks[size_t(i * most + j) * kBlockFields + f];
+        PlanBatch pb{field[0].data(), field[2].data(), n, g.page_size, g.kv_heads, 0, field[1].data(), kMaxQueryTokens};
+        pb.q_rows = field[3].data();
+        pb.tokens = field[4].data();
+        x.parts.push_back(make_plan(k.plan, pb));
+        if (b.mask)
+          for (PlanRecord &r : x.parts.back().records)
+            if (r.seq != kNoSeq)
+              r.mask = field[5][r.seq] | uint64_t(field[6][r.seq]) << 32, r.mask_stride = field[7][r.seq],
+              r.new_begin = field[8][r.seq];
+      }
+      const uint64_t mask_bytes = b.mask ? b.mask_bytes : 0;
+      staging_.ensure(&extend_plan_, parts * part_bytes + mask_bytes);
+      for (uint32_t i = 0; i < parts; i++)
+        upload_plan(staging_, {extend_plan_.ptr + i * part_bytes, most, place.max_records}, x.parts[i],
+                    std::min(most, count - i * most));
+      if (mask_bytes) {
+        Upload up;
+        up.add(b.mask, mask_bytes);
+        staging_.send(up, extend_plan_.ptr + parts * part_bytes);
+      }
+      x.blocks = std::move(blocks);
+      x.config = k.plan;
+      x.page_size = g.page_size;
+      x.kv_heads = g.kv_heads;
+      x.mask.assign(b.mask, b.mask + mask_bytes);
+      x.resident = true;
     }
+    reserve_parts(g, k, kMaxQueryTokens, b.q_heads);
+    Staged io = stage(g, a);
+    if (b.mask) io.mask = extend_plan_.ptr + parts * part_bytes;
+    for (uint32_t i = 0; i < parts; i++)
+      launch(g, k, x.parts[i], a, io, std::min(most, count - i * most), kMaxQueryTokens,
+             {extend_plan_.ptr + i * part_bytes, most, place.max_records});
     unstage(a, io);
   }
 
@@ -311,7 +347,7 @@ class GpuBackend final : public Backend {
     if (upload) put_plan(g, b);
     reserve_parts(g, k, b.q_tokens, b.q_heads);
     const Staged io = stage(g, a);
-    launch(g, k, *b.plan, a, io, b.count, b.q_tokens);
+    launch(g, k, *b.plan, a, io, b.count, b.q_tokens, pool_plan(g, k));
     unstage(a, io);
   }
 
@@ -445,11 +481,16 @@ class GpuBackend final : public Backend {
   // sends the plan.
   void put_plan(const PoolGeometry &g, const DecodeBatch &b) {
     put_table(g, b.table);
-    if (!b.plan_resident) upload_plan(staging_, g, *b.plan, b.config->plan.limits.records, b.count);
+    if (!b.plan_resident) upload_plan(staging_, pool_plan(g, *b.config), *b.plan, b.count);
+  }
+
+  // The pool's plan buffer, as plan_buffer_bytes sized it.
+  static PlanPlace pool_plan(const PoolGeometry &g, const DecodeConfig &k) {
+    return {g.plan, g.max_sequences, k.plan.limits.records};
   }
 
   // A call's attention as the kernels take it: `rows` query tokens of q_heads heads each in q, out and
-  // lse, where `memory` says, the rest of the call's fields, and an extend's tree masks (host memory).
+  // lse, where `memory` says, and the rest of the call's fields.
   struct Attention {
     uint32_t layer, q_heads, rows;
     float scale;
@@ -459,13 +500,11 @@ class GpuBackend final : public Backend {
     void *out;
     float *lse;
     AttentionVariants variants;
-    const uint8_t *mask = nullptr;
-    uint64_t mask_bytes = 0;
   };
 
-  // Where the kernels find q, out, lse, sinks, slopes and masks: the caller's own in device memory;
-  // from host memory q, sinks, slopes and the masks sent in one transfer, out and lse (from
-  // align16(out_bytes)) in a scratch buffer, copied back by unstage.
+  // Where the kernels find q, out, lse, sinks, slopes and an extend's masks (set by extend): the
+  // caller's own in device memory; from host memory q, sinks and slopes sent in one transfer, out and
+  // lse (from align16(out_bytes)) in a scratch buffer, copied back by unstage.
   struct Staged {
     DevPtr q, out, lse, sinks, slopes, mask;
     uint64_t out_bytes;
@@ -480,11 +519,10 @@ class GpuBackend final : public Backend {
     const uint64_t q_at = host ? up.add(a.q, q_bytes) : 0;
     const uint64_t sinks_at = host && v.sinks ? up.add(v.sinks, uint64_t(a.q_heads) * 4) : 0;
     const uint64_t slopes_at = host && v.slopes ? up.add(v.slopes, uint64_t(a.q_heads) * 4) : 0;
-    const uint64_t mask_at = a.mask ? up.add(a.mask, a.mask_bytes) : 0;
     const DevPtr dev = staging_.send(up);
     auto caller = [&](const void *ptr, uint64_t at) { return !ptr ? 0 : host ? dev + at : DevPtr(uintptr_t(ptr)); };
-    Staged s{caller(a.q, q_at), 0, 0, caller(v.sinks, sinks_at), caller(v.slopes, slopes_at),
-             a.mask ? dev + mask_at : 0, heads * g.head_dim * io_elem_bytes(a.out_format)};
+    Staged s{caller(a.q, q_at), 0, 0, caller(v.sinks, sinks_at), caller(v.slopes, slopes_at), 0,
+             heads * g.head_dim * io_elem_bytes(a.out_format)};
     if (host) {
       staging_.ensure(&decode_out_, align16(s.out_bytes) + heads * 4);
       s.out = decode_out_.ptr;
@@ -517,16 +555,16 @@ class GpuBackend final : public Backend {
     }
   }
 
-  // The kernels of a plan in the plan buffer: `count` sequences, at most q_tokens tokens a record.
+  // The kernels of a plan in the plan buffer `place`: `count` sequences, at most q_tokens tokens a record.
   void launch(const PoolGeometry &g, const DecodeConfig &k, const DecodePlan &plan, const Attention &a,
-              const Staged &io, uint32_t count, uint32_t q_tokens) {
-    const PlanLayout l = plan_layout(g.max_sequences, k.plan.limits.records);
+              const Staged &io, uint32_t count, uint32_t q_tokens, const PlanPlace &place) {
+    const PlanLayout l = place.layout();
     const AttentionVariants &v = a.variants;
     PkvDecodeParams p{};
     p.pool = pool_params(g);
-    p.plan = g.plan;
-    p.records = g.plan + l.records;
-    p.seq_chunks = g.plan + l.seq_chunks;
+    p.plan = place.at;
+    p.records = place.at + l.records;
+    p.seq_chunks = place.at + l.seq_chunks;
     p.q = io.q;
     p.out = io.out;
     p.lse = io.lse;
@@ -616,8 +654,8 @@ class GpuBackend final : public Backend {
   void teardown() noexcept {
     CurrentForCleanup current(dev_.get());
     if (rt_.stream) dev_->stream_synchronize(rt_.stream);
-    for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_, &image_pages_, &image_stage_,
-                            &image_sum_})
+    for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_, &extend_plan_, &image_pages_,
+                            &image_stage_, &image_sum_})
       if (b->ptr) dev_->free(b->ptr);
     staging_.release();
     for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_})
@@ -636,6 +674,16 @@ class GpuBackend final : public Backend {
   Function copy_image_ = nullptr;
   Function read_bandwidth_ = nullptr;
   DeviceBuffer part_out_, part_lse_, counters_, decode_out_, rows_out_;
+  DeviceBuffer extend_plan_; // the last extend's plans, then its tree masks
+  // What the plans in extend_plan_ were made from, and the plans (extend).
+  struct ExtendPlans {
+    std::vector<uint32_t> blocks; // kBlockFields a block
+    PlanConfig config;
+    uint32_t page_size = 0, kv_heads = 0;
+    std::vector<uint8_t> mask;
+    std::vector<DecodePlan> parts;
+    bool resident = false; // extend_plan_ holds them
+  } extend_plans_;
   DeviceBuffer image_pages_, image_stage_, image_sum_; // an image's page list, host chunk and checksum
   bool counters_zero_ = true; // counters_ has been filled with zeros (false from its growth until then)
 };

@@ -30,17 +30,16 @@ PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records) {
   return l;
 }
 
-void upload_plan(Staging &staging, const PoolGeometry &g, const DecodePlan &plan, uint32_t max_records, uint32_t count) {
-  const PlanLayout l = plan_layout(g.max_sequences, max_records);
-  if (plan.records.size() > (l.bytes - l.records) / sizeof(PkvRecord) || count > g.max_sequences)
-    fail(PKV_ERR_INTERNAL, "a plan of %zu records for %u sequences exceeds the pool's plan buffer",
-         plan.records.size(), count);
+void upload_plan(Staging &staging, const PlanPlace &place, const DecodePlan &plan, uint32_t count) {
+  const PlanLayout l = place.layout();
+  if (plan.records.size() > place.max_records || count > place.max_sequences)
+    fail(PKV_ERR_INTERNAL, "a plan of %zu records for %u sequences exceeds its plan buffer", plan.records.size(), count);
   const PkvPlanHeader header{uint32_t(plan.records.size()), count, plan.parts, 0};
   Upload up;
   up.place(0, &header, sizeof header);
   up.place(l.seq_chunks, plan.seq_chunks.data(), plan.seq_chunks.size() * 4);
   up.place(l.records, plan.records.data(), plan.records.size() * sizeof(PlanRecord));
-  staging.send(up, g.plan);
+  staging.send(up, place.at);
 }
 
 } // namespace gpu

@@ -18,9 +18,16 @@ struct PlanLayout {
 
 PlanLayout plan_layout(uint32_t max_sequences, uint32_t max_records);
 
-// Sends a plan of `count` sequences (made under a configuration whose plans have at most
-// `max_records` records) into the pool's plan buffer, in one transfer.
-void upload_plan(Staging &staging, const PoolGeometry &g, const DecodePlan &plan, uint32_t max_records, uint32_t count);
+// Where a plan buffer lies and what it holds: the pool's (max_sequences as the pool's) or an
+// extend's of its own.
+struct PlanPlace {
+  DevPtr at;
+  uint32_t max_sequences, max_records;
+  PlanLayout layout() const { return plan_layout(max_sequences, max_records); }
+};
+
+// Sends a plan of `count` sequences into the plan buffer `place`, in one transfer.
+void upload_plan(Staging &staging, const PlanPlace &place, const DecodePlan &plan, uint32_t count);
 
 } // namespace gpu
 } // namespace pkv

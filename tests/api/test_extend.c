@@ -12,10 +12,11 @@
  *            straddling pages) in shuffled pages, over two layers of different data;
  *   chunks   a prompt fed as several chunks over the growing cache gives what one whole call gives;
  *   prefix   a prefix forked into children, each extended with its own new tokens in one call;
- *   tree     random tree masks (each new token sees its ancestors and itself);
+ *   tree     random tree masks (each new token sees its ancestors and itself), two over the same tokens;
  *   decode   extend with T_b <= 8 gives pkv_decode's bits (q_tokens = T_b, chunk_pages = UINT32_MAX),
  *            on the CPU backend;
- *   random   seeded engine scenarios: prefill chunks, decode steps, forks and truncations, masks.
+ *   random   seeded engine scenarios: prefill chunks, decode steps, forks and truncations, masks;
+ *   plans    one call of more blocks of 8 new tokens than one GPU plan holds (1024).
  * Every case runs on every backend.
  *
  * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
@@ -465,6 +466,10 @@ static void tree_case(void **state) {
   batch_tree_masks(&m, &b);
   worst w = {0, 0};
   extend_and_check(&m, &b, "tree", &w);
+  /* Another tree over the same new tokens: the call's blocks are the last call's, its mask is not. */
+  free(b.mask);
+  batch_tree_masks(&m, &b);
+  extend_and_check(&m, &b, "second tree", &w);
   /* One mask shared by every entry of the same token count: equal offsets. */
   batch same = {0};
   for (uint32_t i = 0; i < 3; i++) batch_add(&same, i, 0);
@@ -568,6 +573,63 @@ static void random_case(void **state) {
   model_close(&m);
 }
 
+/* ---------------------------------------------------------------------------------------------------
+ * An extend the GPU backends plan in several parts (1024 blocks of 8 new tokens each): 16 entries of
+ * 513-552 new tokens over 0-63 cached, so that a part ends inside an entry; small heads keep the
+ * oracle cheap, the formats random. A decode of the sequences' last tokens, prepared before the
+ * extend and run again after it, gives the same bits: an extend leaves the decode's plan in place.
+ * ------------------------------------------------------------------------------------------------- */
+
+/* A decode of every sequence's last token into NaN-poisoned out and lse. */
+static void decode_last(model *m, const void *q, void *out, float *lse) {
+  pkv_seq seqs[MAX_SEQS];
+  for (uint32_t i = 0; i < m->n; i++) seqs[i] = m->seq[i];
+  const size_t rows = (size_t)m->n * m->q_heads;
+  for (size_t i = 0; i < rows * m->s.head_dim; i++) tu_store(m->s.out, out, i, NAN);
+  for (size_t i = 0; i < rows; i++) lse[i] = NAN;
+  pkv_decode_args d = pu_decode_args(0, seqs, m->n, m->q_heads, q, out, lse);
+  d.scale = m->s.scale;
+  d.q_format = m->s.q;
+  d.out_format = m->s.out;
+  CHECK_OK(pkv_decode(m->pool, &d));
+}
+
+static void plans_case(void **state) {
+  (void)state;
+  tu_rng r = tu_rng_stream(g_seed, 6000);
+  shape s = {formats[tu_below(&r, 7)], formats[tu_below(&r, 7)], 32, 1, 1 + tu_below(&r, 2), 16, F16, F16, F32, 0.0f};
+  s.scale = tu_quantized(s.k) ? 0.3f / sqrtf(32.0f) * 2.0f : 0.0f;
+  model m;
+  model_open(&m, &s, 640, MAX_SEQS * 40, r);
+  print_message("    k=%s v=%s group=%u\n", pkv_format_name(s.k), pkv_format_name(s.v), s.group);
+  batch b = {0};
+  for (uint32_t i = 0; i < MAX_SEQS; i++) model_grow(&m, model_alloc(&m), tu_below(&m.rng, 64));
+  for (uint32_t i = 0; i < MAX_SEQS; i++) {
+    const uint32_t n = 513 + tu_below(&m.rng, 40);
+    model_grow(&m, i, n);
+    batch_add(&b, i, n);
+  }
+  batch last = {0};
+  for (uint32_t i = 0; i < MAX_SEQS; i++) batch_add(&last, i, 1);
+  const size_t rows = batch_rows(&m, &last), bytes = rows * s.head_dim * tu_elem_bytes(s.out);
+  void *q = pu_malloc(rows * s.head_dim * 4), *before = pu_malloc(bytes), *after = pu_malloc(bytes);
+  float *before_lse = pu_malloc(rows * 4), *after_lse = pu_malloc(rows * 4);
+  random_q(&m, &last, q);
+  decode_last(&m, q, before, before_lse);
+  worst w = {0, 0};
+  extend_and_check(&m, &b, "plans", &w);
+  decode_last(&m, q, after, after_lse);
+  if (memcmp(before, after, bytes) != 0 || memcmp(before_lse, after_lse, rows * 4) != 0)
+    fail_msg("a decode after the extend differs from the same decode before it");
+  report(&m, &w);
+  free(q);
+  free(before);
+  free(after);
+  free(before_lse);
+  free(after_lse);
+  model_close(&m);
+}
+
 static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFunction fn, void *state) {
   memset(&t[*n], 0, sizeof t[*n]);
   char *copy = pu_malloc(strlen(name) + 1);
@@ -581,7 +643,7 @@ static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFun
 int main(void) {
   g_seed = tu_seed();
   g_backend = pu_run_backend();
-  struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS];
+  struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS + 1];
   size_t n = 0;
   char name[160];
   for (uint32_t c = 0; c < MATRIX; c++) {
@@ -602,6 +664,7 @@ int main(void) {
     snprintf(name, sizeof name, "random %u", k);
     add(tests, &n, name, random_case, (void *)(uintptr_t)k);
   }
+  add(tests, &n, "plans", plans_case, NULL);
   const int failed = tu_run_group("extend", tests, n, NULL, NULL);
   for (size_t i = 0; i < n; i++) free((void *)tests[i].name);
   return failed;
