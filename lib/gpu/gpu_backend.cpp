@@ -303,7 +303,6 @@ class GpuBackend final : public Backend {
       x.page_size = g.page_size;
       x.kv_heads = g.kv_heads;
       x.mask.assign(b.mask, b.mask + mask_bytes);
-      x.resident = true;
     }
     reserve_parts(g, k, kMaxQueryTokens, b.q_heads);
     Staged io = stage(g, a);
@@ -312,6 +311,7 @@ class GpuBackend final : public Backend {
       launch(g, k, x.parts[i], a, io, std::min(most, count - i * most), kMaxQueryTokens,
              {extend_plan_.ptr + i * part_bytes, most, place.max_records});
     unstage(a, io);
+    x.resident = true; // once the whole call succeeded: a failed one's retry sends what a first call does
   }
 
   // Launches only, once the plan is on the device: nothing here waits for the device, allocates or
@@ -682,7 +682,7 @@ class GpuBackend final : public Backend {
     uint32_t page_size = 0, kv_heads = 0;
     std::vector<uint8_t> mask;
     std::vector<DecodePlan> parts;
-    bool resident = false; // extend_plan_ holds them
+    bool resident = false; // extend_plan_ holds them, and a call with them succeeded
   } extend_plans_;
   DeviceBuffer image_pages_, image_stage_, image_sum_; // an image's page list, host chunk and checksum
   bool counters_zero_ = true; // counters_ has been filled with zeros (false from its growth until then)
