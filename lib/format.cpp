@@ -187,18 +187,29 @@ bool plain_group(const float *x, float id) {
 } // namespace
 
 void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
-  float amax = 0.0f;
-  for (uint32_t j = 0; j < kGroup; j++) {
-    const float a = std::fabs(x[j]);
-    amax = a > amax ? a : amax; // as std::fmax: a NaN is passed over
+  // The largest magnitude (a NaN passed over, as std::fmax does) and whether every value is finite
+  // (x - x is 0 for finite x, NaN else), four lanes at a time (GCC's and Clang's vector extension): a
+  // maximum is the same in any order, and the compilers left the scalar loops scalar.
+  using Floats = float __attribute__((vector_size(16)));
+  using Ints = int32_t __attribute__((vector_size(16)));
+  Floats top = {}, zero = {};
+  for (uint32_t j = 0; j < kGroup; j += 4) {
+    Floats v;
+    std::memcpy(&v, x + j, sizeof v);
+    zero += v - v;
+    const Floats a = (Floats)((Ints)v & 0x7fffffff);
+    top = a > top ? a : top;
   }
+  float amax = 0.0f;
+  for (int k = 0; k < 4; k++) amax = top[k] > amax ? top[k] : amax;
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   *d_out = f32_to_f16(d);
   auto quants = [&](auto round) {
     for (uint32_t j = 0; j < kGroup; j++) q[j] = int8_t(round(x[j] * id));
   };
-  if (plain_group(x, id)) quants([](float v) { return round_near(v); });
+  const bool finite = zero[0] + zero[1] + zero[2] + zero[3] == 0.0f && std::fabs(id) <= FLT_MAX; // plain_group's test
+  if (finite) quants([](float v) { return round_near(v); });
   else quants([](float v) { return round_to_int(v); });
 }
 
