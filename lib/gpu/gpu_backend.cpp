@@ -248,7 +248,7 @@ class GpuBackend final : public Backend {
                       b.q, b.out, b.lse, b.variants};
     if (a.rows == 0) return;
     // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows,
-    // with their tree-mask rows (the plan's records get them below), in one array (Block's fields).
+    // with their tree-mask rows (the plan's records get them below), kBlockFields words a block.
     std::vector<uint32_t> blocks;
     for (uint32_t e = 0; e < b.count; e++) {
       const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n, stride = (n + 7) / 8;
