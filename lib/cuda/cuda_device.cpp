@@ -31,8 +31,9 @@ class CudaDevice final : public gpu::Device, public gpu::TensorCores {
   pkv_backend kind() const override { return PKV_BACKEND_CUDA; }
   const char *name() const override { return "CUDA"; }
   const gpu::Images &images() const override {
-    static const gpu::Images images{cuda_image_pages, cuda_image_decode_generic, cuda_image_decode_cuda_core, cuda_image_decode_tensor_core,
-                                    PKV_CUDA_TARGETS};
+    static const gpu::Images images{cuda_image_pages,           cuda_image_decode_generic,
+                                    cuda_image_decode_cuda_core, cuda_image_decode_tensor_core,
+                                    cuda_image_extend_tensor_core, PKV_CUDA_TARGETS};
     return images;
   }
   gpu::TensorCores *tensor_cores() override { return this; }

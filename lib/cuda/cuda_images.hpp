@@ -7,4 +7,5 @@ extern const unsigned char cuda_image_pages[];
 extern const unsigned char cuda_image_decode_generic[];
 extern const unsigned char cuda_image_decode_cuda_core[];
 extern const unsigned char cuda_image_decode_tensor_core[];
+extern const unsigned char cuda_image_extend_tensor_core[];
 } // namespace pkv

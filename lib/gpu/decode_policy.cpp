@@ -58,6 +58,10 @@ DecodePolicy read_decode_policy() {
       fail(PKV_ERR_INVALID_ARGUMENT, "PKV_SHARED_LIMIT=%s: expected a number of bytes (or unset)", v);
     p.shared_limit = int(bytes);
   }
+  if (const char *v = setting("PKV_EXTEND_KERNEL")) {
+    static const char *const names[] = {"tiles", "blocks"};
+    p.extend_tiles = choose("PKV_EXTEND_KERNEL", v, names) == 0;
+  }
   return p;
 }
 

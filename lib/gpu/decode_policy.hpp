@@ -25,6 +25,7 @@ struct DecodePolicy {
   bool four_block = true;                       // PKV_FOUR_BLOCK
   Balance plan = Balance::never;                // PKV_PLAN
   int shared_limit = 0;                         // PKV_SHARED_LIMIT (bytes a block); 0: the device's
+  bool extend_tiles = true;                     // PKV_EXTEND_KERNEL: the extend kernel's tiles, or decode's blocks
   std::string tensor_core_switch; // the first tensor-core-only switch set ("PKV_FOUR_BLOCK=off"), or empty
 };
 

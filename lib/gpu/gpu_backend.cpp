@@ -37,6 +37,10 @@ constexpr uint32_t kExtendPlanBlocks = 1024;
 // An extend's block as its fields: length, start, page-table row, first query row, tokens, tree-mask
 // row (two words), mask stride (0: none) and the position of the entry's first new token.
 constexpr uint32_t kBlockFields = 9;
+// An entry of at least this many new tokens runs on the extend kernel where it serves the call: its
+// tiles of 64 query rows read each K/V stage once for all of them, but a tile attends over the whole
+// context without splitting it, so a few tokens over a long context take decode's split kernels.
+constexpr uint32_t kExtendKernelTokens = 64;
 constexpr uint64_t kImageChunkBytes = 32ull << 20;
 constexpr uint64_t kImageLaunchBlocks = 1u << 20;
 // Thread blocks an image copy launches at most, each taking every kImageGrid-th (layer, page) block:
@@ -99,8 +103,9 @@ class GpuBackend final : public Backend {
       load_module(images.generic, &generic_module_);
       load_module(images.cuda_core, &cuda_core_module_);
       if (images.tensor_core) load_module(images.tensor_core, &tensor_core_module_);
+      if (images.extend) load_module(images.extend, &extend_module_);
       kernels_ = std::make_unique<KernelChoice>(rt_, policy, generic_module_, cuda_core_module_, tensor_core_module_,
-                                                uint32_t(std::max(1, sms)), unsigned(std::max(1, warp)));
+                                                extend_module_, uint32_t(std::max(1, sms)), unsigned(std::max(1, warp)));
       sms_ = uint32_t(std::max(1, sms));
       apply_table_ = rt_.function(pages_module_, "pkv_apply_table");
       scatter_ = rt_.function(pages_module_, "pkv_scatter");
@@ -233,25 +238,36 @@ class GpuBackend final : public Backend {
     put_plan(g, b);
   }
 
-  // An extend's new tokens run as records of the decode's kernels: each entry's tokens in blocks of
-  // up to kMaxQueryTokens, a block attending like a decode of that many query tokens over the
-  // sequence up to its last token (so causally; a tree mask hides new tokens besides). The blocks
-  // go in plans of up to kExtendPlanBlocks in a buffer of the backend's, with the call's tree masks:
-  // in the pool's plan buffer, which holds max_sequences sequences, a prefill of one sequence ran as
-  // a launch for each of its blocks, every one too small to fill the device. An engine extends the
-  // same batch in every layer of a step: a call whose blocks, masks and configuration are the last
-  // call's launches the plans already on the device.
+  // An extend's new tokens: an entry of many on the extend kernel (extend_function) in tiles of
+  // PKV_EXTEND_ROWS query rows; the rest as records of the decode's kernels, each entry's tokens in
+  // blocks of up to kMaxQueryTokens, a block attending like a decode of that many query tokens over
+  // the sequence up to its last token (so causally; a tree mask hides new tokens besides). The
+  // blocks go in plans of up to kExtendPlanBlocks in a buffer of the backend's, with the call's tree
+  // masks and the extend kernel's items: in the pool's plan buffer, which holds max_sequences
+  // sequences, a prefill of one sequence ran as a launch for each of its blocks, every one too small
+  // to fill the device. An engine extends the same batch in every layer of a step: a call whose
+  // blocks, items, masks and configuration are the last call's launches what is already on the device.
   void extend(const PoolGeometry &g, const ExtendBatch &b) override {
     Current current(rt_);
     put_table(g, b.table);
     const Attention a{b.layer, b.q_heads, b.q_offsets[b.count], b.scale, b.q_format, b.out_format, b.memory,
                       b.q, b.out, b.lse, b.variants};
     if (a.rows == 0) return;
+    const uint32_t q_parts = b.q_format == g.k.format ? 1 : 2;
+    const Function wide = extend_function(g, b, q_parts);
     // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows,
     // with their tree-mask rows (the plan's records get them below), kBlockFields words a block.
     std::vector<uint32_t> blocks;
+    std::vector<PkvExtendItem> items;
+    const uint32_t group = b.q_heads / g.kv_heads;
     for (uint32_t e = 0; e < b.count; e++) {
       const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n, stride = (n + 7) / 8;
+      if (wide && n >= kExtendKernelTokens) {
+        for (uint32_t h = 0; h < g.kv_heads; h++)
+          for (uint32_t z = 0; z * PKV_EXTEND_ROWS < n * group; z++)
+            items.push_back({b.seq_slots[e], b.lengths[e], n, b.q_offsets[e], h, z, {0, 0}});
+        continue;
+      }
       for (uint32_t i = 0; i < n; i += kMaxQueryTokens) {
         const uint32_t t = std::min(kMaxQueryTokens, n - i), start = b.variants.plan_start(first + i, g.page_size);
         const uint64_t mask_row = b.mask ? b.mask_offsets[e] + uint64_t(i) * stride : 0;
@@ -259,16 +275,25 @@ class GpuBackend final : public Backend {
                                      uint32_t(mask_row), uint32_t(mask_row >> 32), b.mask ? stride : 0, first});
       }
     }
+    // The tiles that see the most positions first, so the last blocks to start are short ones.
+    auto seen = [&](const PkvExtendItem &i) {
+      return i.length - i.tokens + std::min(i.tokens * group, (i.tile + 1) * PKV_EXTEND_ROWS) / group;
+    };
+    std::stable_sort(items.begin(), items.end(), [&](const auto &x, const auto &y) { return seen(x) > seen(y); });
     DecodeConfig k = *b.config;
-    const uint32_t count = uint32_t(blocks.size() / kBlockFields), most = std::min(kExtendPlanBlocks, count);
+    const uint32_t count = uint32_t(blocks.size() / kBlockFields), most = std::max(1u, std::min(kExtendPlanBlocks, count));
     k.plan.limits = chosen_plan_bounds(most, g.kv_heads, k.plan.workers);
     const PlanPlace place{0, most, k.plan.limits.records};
     const uint64_t part_bytes = align16(place.layout().bytes);
     const uint32_t parts = (count + most - 1) / most;
+    const uint64_t mask_bytes = b.mask ? b.mask_bytes : 0, items_at = parts * part_bytes + align16(mask_bytes);
     ExtendPlans &x = extend_plans_;
     const bool same = x.resident && x.blocks == blocks && x.config == k.plan && x.page_size == g.page_size &&
-                      x.kv_heads == g.kv_heads && x.mask.size() == (b.mask ? b.mask_bytes : 0) &&
-                      (!b.mask || std::equal(x.mask.begin(), x.mask.end(), b.mask));
+                      x.kv_heads == g.kv_heads && x.mask.size() == mask_bytes &&
+                      (!b.mask || std::equal(x.mask.begin(), x.mask.end(), b.mask)) && x.items.size() == items.size() &&
+                      std::equal(x.items.begin(), x.items.end(), items.begin(), [](const auto &u, const auto &v) {
+                        return std::memcmp(&u, &v, sizeof u) == 0;
+                      });
     if (!same) {
       x.resident = false;
       x.parts.clear();
@@ -288,30 +313,54 @@ class GpuBackend final : public Backend {
               r.mask = field[5][r.seq] | uint64_t(field[6][r.seq]) << 32, r.mask_stride = field[7][r.seq],
               r.new_begin = field[8][r.seq];
       }
-      const uint64_t mask_bytes = b.mask ? b.mask_bytes : 0;
-      staging_.ensure(&extend_plan_, parts * part_bytes + mask_bytes);
+      staging_.ensure(&extend_plan_, items_at + items.size() * sizeof(PkvExtendItem));
       for (uint32_t i = 0; i < parts; i++)
         upload_plan(staging_, {extend_plan_.ptr + i * part_bytes, most, place.max_records}, x.parts[i],
                     std::min(most, count - i * most));
-      if (mask_bytes) {
+      if (mask_bytes || !items.empty()) { // one transfer: the masks, then the items at items_at
         Upload up;
-        up.add(b.mask, mask_bytes);
+        if (mask_bytes) up.place(0, b.mask, mask_bytes);
+        if (!items.empty()) up.place(items_at - parts * part_bytes, items.data(), items.size() * sizeof(PkvExtendItem));
         staging_.send(up, extend_plan_.ptr + parts * part_bytes);
       }
       x.blocks = std::move(blocks);
+      x.items = std::move(items);
       x.config = k.plan;
       x.page_size = g.page_size;
       x.kv_heads = g.kv_heads;
       x.mask.assign(b.mask, b.mask + mask_bytes);
     }
-    reserve_parts(g, k, kMaxQueryTokens, b.q_heads);
+    if (parts) reserve_parts(g, k, kMaxQueryTokens, b.q_heads);
     Staged io = stage(g, a);
     if (b.mask) io.mask = extend_plan_.ptr + parts * part_bytes;
     for (uint32_t i = 0; i < parts; i++)
       launch(g, k, x.parts[i], a, io, std::min(most, count - i * most), kMaxQueryTokens,
              {extend_plan_.ptr + i * part_bytes, most, place.max_records});
+    if (!x.items.empty()) {
+      PkvExtendParams p{};
+      p.pool = pool_params(g);
+      p.items = extend_plan_.ptr + items_at;
+      p.q = io.q;
+      p.out = io.out;
+      p.lse = io.lse;
+      p.count = uint32_t(x.items.size());
+      p.layer = a.layer;
+      p.q_heads = a.q_heads;
+      p.q_format = uint32_t(a.q_format);
+      p.out_format = uint32_t(a.out_format);
+      p.scale = a.scale;
+      rt_.launch(wide, p.count, 1, 1, &p, PKV_EXTEND_ROWS / 16 * 32, 1, 1, pkv_extend_shared_bytes(g.head_dim, q_parts));
+    }
     unstage(a, io);
     x.resident = true; // once the whole call succeeded: a failed one's retry sends what a first call does
+  }
+
+  // The extend kernel for the call, or null where it does not serve: no tree mask or attention
+  // variant, the decode's tensor-core family (so PKV_KERNEL_FAMILY set to another takes the decode
+  // kernels for extends too), and a kernel for the pool (KernelChoice::extend).
+  Function extend_function(const PoolGeometry &g, const ExtendBatch &b, uint32_t q_parts) {
+    if (b.config->family != KernelFamily::tensor_core || b.mask || b.variants.any()) return nullptr;
+    return kernels_->extend(g, q_parts);
   }
 
   // Launches only, once the plan is on the device: nothing here waits for the device, allocates or
@@ -658,7 +707,7 @@ class GpuBackend final : public Backend {
                             &image_stage_, &image_sum_})
       if (b->ptr) dev_->free(b->ptr);
     staging_.release();
-    for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_})
+    for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_, extend_module_})
       if (m) dev_->module_unload(m);
     if (own_stream_) dev_->stream_destroy(rt_.stream);
   }
@@ -670,14 +719,16 @@ class GpuBackend final : public Backend {
   bool own_stream_ = false;
   uint32_t sms_ = 1;
   Module pages_module_ = nullptr, generic_module_ = nullptr, cuda_core_module_ = nullptr, tensor_core_module_ = nullptr;
+  Module extend_module_ = nullptr;
   Function apply_table_ = nullptr, scatter_ = nullptr, gather_ = nullptr, copy_pages_ = nullptr, merge_ = nullptr;
   Function copy_image_ = nullptr;
   Function read_bandwidth_ = nullptr;
   DeviceBuffer part_out_, part_lse_, counters_, decode_out_, rows_out_;
-  DeviceBuffer extend_plan_; // the last extend's plans, then its tree masks
+  DeviceBuffer extend_plan_; // the last extend's plans, then its tree masks, then the extend kernel's items
   // What the plans in extend_plan_ were made from, and the plans (extend).
   struct ExtendPlans {
     std::vector<uint32_t> blocks; // kBlockFields a block
+    std::vector<PkvExtendItem> items;
     PlanConfig config;
     uint32_t page_size = 0, kv_heads = 0;
     std::vector<uint8_t> mask;

@@ -35,9 +35,10 @@ constexpr int kNotFound = 500;
 enum class Attribute { multiprocessors, warp_size };
 
 // The kernel images built for the runtime (lib/kernels/*.cu compiled by nvcc or hipcc), and the
-// targets they hold, for messages. `tensor_core` is null where those kernels do not exist (HIP).
+// targets they hold, for messages. `tensor_core` (decode) and `extend` are null where those kernels
+// do not exist (HIP).
 struct Images {
-  const unsigned char *pages, *generic, *cuda_core, *tensor_core;
+  const unsigned char *pages, *generic, *cuda_core, *tensor_core, *extend;
   const char *targets;
 };
 

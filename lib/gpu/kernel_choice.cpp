@@ -60,8 +60,8 @@ struct KernelChoice::Shape {
 };
 
 KernelChoice::KernelChoice(const Runtime &rt, const DecodePolicy &policy, Module generic, Module cuda_core,
-                           Module tensor_core, uint32_t multiprocessors, unsigned warp)
-    : rt_(rt), policy_(policy), generic_(generic), cuda_core_(cuda_core), tensor_core_(tensor_core),
+                           Module tensor_core, Module extend, uint32_t multiprocessors, unsigned warp)
+    : rt_(rt), policy_(policy), generic_(generic), cuda_core_(cuda_core), tensor_core_(tensor_core), extend_(extend),
       sms_(multiprocessors), warp_(warp) {
   if (!policy.tensor_core_switch.empty() && !tensor_core)
     fail(PKV_ERR_UNSUPPORTED, "%s: the tensor-core decode kernels are CUDA-only; the %s backend has the CUDA-core "
@@ -156,6 +156,25 @@ Function KernelChoice::four_block_function(const std::string &name, unsigned byt
 unsigned KernelChoice::stages(const PoolGeometry &g, Tile tile) {
   tensor_core_function(g, tile);
   return stages_[tile][g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
+}
+
+Function KernelChoice::extend(const PoolGeometry &g, uint32_t q_parts) {
+  const uint32_t D = g.head_dim;
+  auto sixteen = [](pkv_format f) { return f == PKV_FORMAT_F16 || f == PKV_FORMAT_BF16; };
+  if (!extend_ || !policy_.extend_tiles || !sixteen(g.k.format) || !sixteen(g.v.format) || !(D == 64 || D == 128 || D == 256))
+    return nullptr;
+  Looked &kept = extend_functions_[D / 128][g.k.format == PKV_FORMAT_BF16][g.v.format == PKV_FORMAT_BF16][q_parts - 1];
+  if (kept.done) return kept.fn;
+  const std::string name = "pkv_extend_mma_" + std::to_string(D) + "_" + std::to_string(int(g.k.format)) + "_" +
+                           std::to_string(int(g.v.format)) + "_" + std::to_string(q_parts);
+  Function fn = rt_.function(extend_, name.c_str());
+  const unsigned bytes = pkv_extend_shared_bytes(D, q_parts);
+  if (fits_shared_memory(fn, bytes, name)) {
+    rt_.check(rt_.dev->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
+    kept.fn = fn;
+  }
+  kept.done = true;
+  return kept.fn;
 }
 
 // The wide tile and the narrow one of one n-tile serve every batch; the others where they fit.

@@ -15,15 +15,20 @@ namespace gpu {
 
 class KernelChoice {
  public:
-  // The modules of the generic, CUDA-core and tensor-core kernels (the last null where the runtime
-  // has none). Throws PKV_ERR_UNSUPPORTED where the policy asks for a family the device lacks.
+  // The modules of the generic, CUDA-core and tensor-core decode kernels and of the extend kernel
+  // (the last two null where the runtime has none). Throws PKV_ERR_UNSUPPORTED where the policy asks
+  // for a family the device lacks.
   KernelChoice(const Runtime &rt, const DecodePolicy &policy, Module generic, Module cuda_core, Module tensor_core,
-               uint32_t multiprocessors, unsigned warp);
+               Module extend, uint32_t multiprocessors, unsigned warp);
 
   // The device must be current.
   DecodeConfig config(const PoolGeometry &g, uint32_t rows);
   // What a pool's plan buffer must hold: the most a plan of the planner's own choice has.
   PlanLimits plan_limits(const PoolGeometry &g);
+  // The extend kernel (lib/kernels/extend_tensor_core.cu) for the pool with q in q_parts parts, its
+  // shared memory set; null where there is none (HIP; pages other than F16 and BF16 of head_dim 64,
+  // 128 or 256), its block does not fit, or PKV_EXTEND_KERNEL=blocks. Looked up once.
+  Function extend(const PoolGeometry &g, uint32_t q_parts);
 
  private:
   // The tensor-core kernel's tiles of query rows: wide, narrow of 1, 2 or 4 n-tiles, or the group
@@ -47,7 +52,7 @@ class KernelChoice {
 
   const Runtime &rt_;
   DecodePolicy policy_;
-  Module generic_, cuda_core_, tensor_core_;
+  Module generic_, cuda_core_, tensor_core_, extend_;
   uint32_t sms_;
   unsigned warp_; // lanes a warp (wavefront) has
   KernelFamily best_; // the policy's family, or the best the device has
@@ -59,6 +64,11 @@ class KernelChoice {
   Function cuda_core_functions_[3][4][4] = {}, tensor_core_functions_[kTiles][3][kFormats][kFormats] = {};
   uint8_t stages_[kTiles][3][kFormats][kFormats] = {}; // 0 until looked up, and where no block fits
   uint32_t blocks_per_sm_[2 * kTiles][3][kFormats][kFormats] = {}; // first by shape: tile + kTiles (mtiles - 1)
+  // The extend kernel by [head_dim / 128][K is BF16][V is BF16][q parts - 1], once looked up.
+  struct Looked {
+    Function fn = nullptr;
+    bool done = false;
+  } extend_functions_[3][2][2][2];
 };
 
 } // namespace gpu

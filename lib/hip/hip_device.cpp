@@ -32,7 +32,8 @@ class HipDevice final : public gpu::Device {
   pkv_backend kind() const override { return PKV_BACKEND_HIP; }
   const char *name() const override { return "HIP"; }
   const gpu::Images &images() const override {
-    static const gpu::Images images{hip_image_pages, hip_image_decode_generic, hip_image_decode_cuda_core, nullptr, PKV_HIP_TARGETS};
+    static const gpu::Images images{hip_image_pages, hip_image_decode_generic, hip_image_decode_cuda_core, nullptr, nullptr,
+                                    PKV_HIP_TARGETS};
     return images;
   }
   std::string describe(int result) const override { return hip_.describe(result); }

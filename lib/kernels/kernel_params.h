@@ -128,6 +128,36 @@ typedef struct PkvDecodeParams {
   uint64_t mask;       /* an extend's tree masks on the device (PkvRecord.mask counts from here) */
 } PkvDecodeParams;
 
+/* The tensor-core extend (extend_tensor_core.cu): a block attends one tile of PKV_EXTEND_ROWS query
+ * rows (a sequence's new tokens times its KV head's GQA group, token-major) causally over the
+ * sequence's positions, reading each stage of K and V rows once for all of them. */
+#define PKV_EXTEND_ROWS 64  /* query rows a block: 16 a warp */
+#define PKV_EXTEND_KEYS 64  /* positions a stage */
+#define PKV_EXTEND_STAGES 2
+typedef struct PkvExtendItem {
+  uint32_t slot;   /* page-table row */
+  uint32_t length; /* the sequence's positions; its new tokens are the last `tokens` of them */
+  uint32_t tokens;
+  uint32_t q_row;  /* the first new token's row of q, out and lse ([row][q_heads]) */
+  uint32_t head;   /* the KV head */
+  uint32_t tile;   /* the block's rows: tile * PKV_EXTEND_ROWS on, of tokens * group */
+  uint32_t reserved[2];
+} PkvExtendItem;
+
+typedef struct PkvExtendParams {
+  PkvPool pool;
+  uint64_t items; /* PkvExtendItem [count], a block each */
+  uint64_t q, out, lse;
+  uint32_t count, layer, q_heads, q_format, out_format;
+  float scale;
+} PkvExtendParams;
+
+/* Shared memory of a block: the stages' K and V rows, then q in `q_parts` parts, rows of head_dim
+ * 16-bit values padded by 16 bytes (a matrix load's eight rows then fall in different banks). */
+static constexpr uint32_t pkv_extend_shared_bytes(uint32_t head_dim, uint32_t q_parts) {
+  return (2 * PKV_EXTEND_STAGES * PKV_EXTEND_KEYS + q_parts * PKV_EXTEND_ROWS) * (2 * head_dim + 16);
+}
+
 /* A read-only pass over `bytes` (a multiple of 16) for the bandwidth measurement. */
 typedef struct PkvReadParams {
   uint64_t data;

@@ -16,7 +16,11 @@
  *   decode   extend with T_b <= 8 gives pkv_decode's bits (q_tokens = T_b, chunk_pages = UINT32_MAX),
  *            on the CPU backend;
  *   random   seeded engine scenarios: prefill chunks, decode steps, forks and truncations, masks;
- *   plans    one call of more blocks of 8 new tokens than one GPU plan holds (1024).
+ *   plans    one call of more blocks of 8 new tokens than one GPU plan holds (1024);
+ *   tiles    random F16/BF16 pools (the GPU extend kernel's: entries of 64+ new tokens in tiles of 64
+ *            query rows) at head_dim 64/128/256, GQA 1..8, every q and out format, scales that
+ *            sharpen the softmax: long and short entries in one call, a forked prefix's children,
+ *            T_b = 0, pages shuffled.
  * Every case runs on every backend.
  *
  * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
@@ -630,6 +634,44 @@ static void plans_case(void **state) {
   model_close(&m);
 }
 
+/* ---------------------------------------------------------------------------------------------------
+ * The GPU extend kernel's pools: F16/BF16 K and V at head_dim 64/128/256; a call mixes entries of
+ * 64-250 new tokens (tiles of 64 query rows, the last one partly past the entry's rows) with short
+ * ones (decode's blocks) and none, over 0-400 cached positions, and a prefix's forked children.
+ * ------------------------------------------------------------------------------------------------- */
+enum { TILES = 8 };
+
+static void tiles_case(void **state) {
+  const uint32_t k = (uint32_t)(uintptr_t)*state;
+  tu_rng r = tu_rng_stream(g_seed, 7000 + k);
+  static const float scales[3] = {0.0f, 0.2f, 1.5f}; /* 1.5: sharp weights, the running max moves often */
+  shape s = {tu_below(&r, 2) ? BF16 : F16, tu_below(&r, 2) ? BF16 : F16, 64u << tu_below(&r, 3), 1 + tu_below(&r, 2),
+             1 + tu_below(&r, 8), 1u << tu_below(&r, 7), io[tu_below(&r, 3)], io[tu_below(&r, 3)], io[tu_below(&r, 3)],
+             scales[tu_below(&r, 3)]};
+  if (tu_below(&r, 2)) s.q = s.k; /* q in K's format enters the MMAs whole */
+  model m;
+  model_open(&m, &s, 700, 4096, r);
+  print_message("    k=%s v=%s hd=%u kvh=%u group=%u page=%u q=%s out=%s scale=%g\n", pkv_format_name(s.k),
+                pkv_format_name(s.v), s.head_dim, s.kv_heads, s.group, s.page_size, pkv_format_name(s.q),
+                pkv_format_name(s.out), (double)s.scale);
+  batch b = {0};
+  for (uint32_t i = 0; i < 5; i++) model_grow(&m, model_alloc(&m), tu_below(&m.rng, 400));
+  const uint32_t child = model_fork(&m, 0);
+  const uint32_t fresh[6] = {64 + tu_below(&m.rng, 187), 64, 1 + tu_below(&m.rng, 63), 0, 64 + tu_below(&m.rng, 187),
+                             64 + tu_below(&m.rng, 100)};
+  uint32_t order[6] = {0, 1, 2, 3, 4, 5};
+  tu_shuffle(&m.rng, order, 6);
+  for (uint32_t i = 0; i < 6; i++) {
+    const uint32_t seq = order[i] == 5 ? child : order[i];
+    model_grow(&m, seq, fresh[order[i]]);
+    batch_add(&b, seq, fresh[order[i]]);
+  }
+  worst w = {0, 0};
+  extend_and_check(&m, &b, "tiles", &w);
+  report(&m, &w);
+  model_close(&m);
+}
+
 static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFunction fn, void *state) {
   memset(&t[*n], 0, sizeof t[*n]);
   char *copy = pu_malloc(strlen(name) + 1);
@@ -643,7 +685,7 @@ static void add(struct CMUnitTest *t, size_t *n, const char *name, CMUnitTestFun
 int main(void) {
   g_seed = tu_seed();
   g_backend = pu_run_backend();
-  struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS + 1];
+  struct CMUnitTest tests[MATRIX + 4 * TU_COUNT(few) + SCENARIOS + 1 + TILES];
   size_t n = 0;
   char name[160];
   for (uint32_t c = 0; c < MATRIX; c++) {
@@ -665,6 +707,10 @@ int main(void) {
     add(tests, &n, name, random_case, (void *)(uintptr_t)k);
   }
   add(tests, &n, "plans", plans_case, NULL);
+  for (uint32_t k = 0; k < TILES; k++) {
+    snprintf(name, sizeof name, "tiles %u", k);
+    add(tests, &n, name, tiles_case, (void *)(uintptr_t)k);
+  }
   const int failed = tu_run_group("extend", tests, n, NULL, NULL);
   for (size_t i = 0; i < n; i++) free((void *)tests[i].name);
   return failed;

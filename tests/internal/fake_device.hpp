@@ -113,7 +113,7 @@ class FakeDevice final : public pkv::gpu::Device, public pkv::gpu::TensorCores {
   bool copy_image(const struct PkvImageParams &p);
 
   static constexpr unsigned char image_[1] = {0};
-  pkv::gpu::Images images_{image_, image_, image_, image_, "fake"};
+  pkv::gpu::Images images_{image_, image_, image_, image_, image_, "fake"};
   FakeLedger own_, *ledger_;
   FakeMap<pkv::DevPtr, FakeVector<uint8_t>> memory_;
   struct Pinned {

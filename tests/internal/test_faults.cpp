@@ -69,7 +69,8 @@ struct World {
   // What a scenario's call creates or writes.
   pkv_context *new_ctx = nullptr;
   pkv_pool *new_pool = nullptr;
-  pkv_pool *fp8_pool = nullptr; // a scenario's pool of FP8 pages beside the fixture's
+  pkv_pool *side_pool = nullptr; // a scenario's pool beside the fixture's: FP8 pages, or a long sequence's
+  pkv_seq side_seq{};
   pkv_seq new_seq{};
   std::vector<float> k, v; // a scenario's input rows or q
   std::vector<uint8_t> out;
@@ -137,7 +138,7 @@ void set_up(World &w) {
 // Returns what the stand-in devices left alive ("1 stream"), or empty.
 std::string tear_down(World &w) {
   if (w.new_pool) ok(pkv_pool_destroy(w.new_pool), "destroy");
-  if (w.fp8_pool) ok(pkv_pool_destroy(w.fp8_pool), "destroy");
+  if (w.side_pool) ok(pkv_pool_destroy(w.side_pool), "destroy");
   if (w.pool) ok(pkv_pool_destroy(w.pool), "destroy");
   if (w.new_ctx) ok(pkv_context_destroy(w.new_ctx), "destroy");
   if (w.ctx) ok(pkv_context_destroy(w.ctx), "destroy");
@@ -211,7 +212,7 @@ Snapshot snapshot(World &w, bool with_out) {
   s.new_pool = w.new_pool != nullptr;
   s.new_seq = w.new_seq.id & ((uint64_t(1) << 52) - 1); // without the pool's tag: each fixture is a new pool
   if (with_out && g_target == Target::api) s.out = w.out;
-  for (pkv_pool *pool : {w.pool, w.fp8_pool}) {
+  for (pkv_pool *pool : {w.pool, w.side_pool}) {
     if (!pool) continue;
     std::vector<float> k(kLayers * kKvHeads), v(kLayers * kKvHeads);
     ok(pkv_pool_get_scales(pool, 0, 0, k.data(), v.data()), "get_scales");
@@ -246,20 +247,27 @@ pkv_status decode(World &w, bool launch, bool variants = false) {
 constexpr uint32_t kExtendQueries = 6;
 constexpr size_t kExtendOut = kExtendQueries * kQHeads * (kHeadDim + 1) * sizeof(float);
 
+// An extend of `count` entries of `seqs` whose new tokens `offsets` gives, q from w.k, out and lse
+// (after out) into w.out.
+pkv_extend_args extend_args(World &w, const pkv_seq *seqs, uint32_t count, const uint32_t *offsets) {
+  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+  a.seqs = seqs;
+  a.count = count;
+  a.q_heads = kQHeads;
+  a.q_offsets = offsets;
+  a.q = w.k.data();
+  a.out = w.out.data();
+  a.lse = reinterpret_cast<float *>(w.out.data()) + size_t(offsets[count]) * kQHeads * kHeadDim;
+  return a;
+}
+
 pkv_status extend(World &w, bool masked, bool variants) {
   static const uint32_t offsets[5] = {0, 3, 5, 6, 6};
   static const uint8_t mask[6] = {1, 3, 4, 1, 3, 1};
   static const uint64_t mask_offsets[4] = {0, 3, 5, 6};
   const pkv_seq batch[4] = {w.a, w.fork, w.unwritten, w.empty};
-  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+  pkv_extend_args a = extend_args(w, batch, 4, offsets);
   a.layer = 1;
-  a.seqs = batch;
-  a.count = 4;
-  a.q_heads = kQHeads;
-  a.q_offsets = offsets;
-  a.q = w.k.data();
-  a.out = w.out.data();
-  a.lse = reinterpret_cast<float *>(w.out.data()) + kExtendQueries * kQHeads * kHeadDim;
   if (masked) {
     a.mask = mask;
     a.mask_offsets = mask_offsets;
@@ -267,6 +275,27 @@ pkv_status extend(World &w, bool masked, bool variants) {
   }
   if (variants) set_variants(a);
   return pkv_extend(w.pool, &a);
+}
+
+// An extend of 66 new tokens of a 70-token sequence in a pool of F16 pages beside the fixture's:
+// the GPU backend's extend kernel (entries of 64 or more new tokens, F16/BF16 pages).
+constexpr uint32_t kTilesTokens = 66, kTilesLength = 70;
+constexpr size_t kTilesOut = kTilesTokens * kQHeads * (kHeadDim + 1) * sizeof(float);
+
+void long_sequence(World &w) {
+  const pkv_pool_desc d = pu_desc(kLayers, kKvHeads, kHeadDim, kPageSize, 24, 2, PKV_FORMAT_F16, PKV_FORMAT_F16);
+  ok(pkv_pool_create(w.ctx, &d, &w.side_pool), "pool");
+  ok(pkv_seq_alloc(w.side_pool, &w.side_seq), "alloc");
+  uint32_t n = kTilesLength;
+  ok(pkv_append(w.side_pool, &w.side_seq, &n, 1), "append");
+  write_seq(w.side_pool, w.side_seq, kTilesLength, 0.25f);
+  w.k = rows(kTilesTokens * kQHeads / kKvHeads, 0.5f);
+}
+
+pkv_status extend_tiles(World &w) {
+  static const uint32_t offsets[2] = {0, kTilesTokens};
+  const pkv_extend_args a = extend_args(w, &w.side_seq, 1, offsets);
+  return pkv_extend(w.side_pool, &a);
 }
 
 // Where a scenario's call runs: through the API only (it reads, or touches no context or pool), on
@@ -386,6 +415,7 @@ const Scenario kScenarios[] = {
     {"extend", kExtendOut, queries, [](World &w) { return extend(w, false, false); }, true, Reach::device},
     {"extend_variants", kExtendOut, queries, [](World &w) { return extend(w, false, true); }, true, Reach::device},
     {"extend_masked", kExtendOut, queries, [](World &w) { return extend(w, true, true); }, true, Reach::device},
+    {"extend_tiles", kTilesOut, long_sequence, [](World &w) { return extend_tiles(w); }, true, Reach::device},
     // a's first two pages (of 4 tokens), shared with the fork: only dereferenced.
     {"seq_release_before", 0, [](World &w) { w.a_from = 9; }, [](World &w) {
        return pkv_seq_release_before(w.pool, w.a, 9); }, true, Reach::device},
@@ -418,14 +448,14 @@ const Scenario kScenarios[] = {
     {"pool_set_scales", 0, [](World &w) {
        const pkv_pool_desc d = pu_desc(kLayers, kKvHeads, kHeadDim, kPageSize, 24, 6, PKV_FORMAT_FP8_E4M3,
                                        PKV_FORMAT_FP8_E5M2);
-       ok(pkv_pool_create(w.ctx, &d, &w.fp8_pool), "pool");
+       ok(pkv_pool_create(w.ctx, &d, &w.side_pool), "pool");
        w.k = rows(1, 4.0f); // positive values, kRow of them
      }, [](World &w) {
        pkv_scales_args a = PKV_SCALES_ARGS_INIT;
        a.per_head = 1;
        a.k_scales = w.k.data();
        a.v_scales = w.k.data() + kLayers * kKvHeads;
-       return pkv_pool_set_scales(w.fp8_pool, &a); }, true, Reach::device},
+       return pkv_pool_set_scales(w.side_pool, &a); }, true, Reach::device},
     {"pool_get_stats", sizeof(pkv_pool_stats), nullptr, [](World &w) {
        pkv_pool_stats st = PKV_POOL_STATS_INIT;
        const pkv_status r = pkv_pool_get_stats(w.pool, &st);

@@ -21,6 +21,13 @@ class BenchDevice {
   virtual void start() = 0;      // holds the stream briefly, then records the start event on it
   virtual double stop_us() = 0;  // records the end event, waits for it, returns the time between
   virtual std::string name() = 0;
+
+  // A new device buffer holding a copy of `bytes` at src.
+  void *copy_of(const void *src, size_t bytes) {
+    void *p = alloc(bytes);
+    upload(p, src, bytes);
+    return p;
+  }
 };
 
 // The CUDA device `ordinal`, or nullptr (with *why) where the build or the machine has none.

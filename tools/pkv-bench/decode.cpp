@@ -79,17 +79,14 @@ struct DecodePool {
     if (variant == Variant::window4K) args.window = kBenchWindow;
     if (e.dev) {
       dev = e.dev.get();
-      dev_q = dev->alloc(q.size() * 2);
+      dev_q = dev->copy_of(q.data(), q.size() * 2);
       dev_out = dev->alloc(out.size() * 2);
-      dev->upload(dev_q, q.data(), q.size() * 2);
       args.memory = PKV_MEMORY_DEVICE;
       args.q = dev_q;
       args.out = dev_out;
       if (!sinks.empty()) {
-        dev_sinks = dev->alloc(sinks.size() * 4);
-        dev_slopes = dev->alloc(slopes.size() * 4);
-        dev->upload(dev_sinks, sinks.data(), sinks.size() * 4);
-        dev->upload(dev_slopes, slopes.data(), slopes.size() * 4);
+        dev_sinks = dev->copy_of(sinks.data(), sinks.size() * 4);
+        dev_slopes = dev->copy_of(slopes.data(), slopes.size() * 4);
         args.sinks = static_cast<const float *>(dev_sinks);
         args.alibi_slopes = static_cast<const float *>(dev_slopes);
       }
