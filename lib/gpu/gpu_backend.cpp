@@ -34,9 +34,18 @@ constexpr unsigned kThreads = 128;
 // launch has a block's work for every KV head of each of them, enough to fill a device, and its buffer
 // stays near a MB however long the prompt (tests/api/test_extend.c's plans case crosses it).
 constexpr uint32_t kExtendPlanBlocks = 1024;
-// An extend's block as its fields: length, start, page-table row, first query row, tokens, tree-mask
-// row (two words), mask stride (0: none) and the position of the entry's first new token.
-constexpr uint32_t kBlockFields = 9;
+// An extend's blocks of new tokens for the decode kernels, a field an array: lengths, starts, page-table
+// rows, first query rows and tokens as PlanBatch takes them; tree-mask rows, mask strides (0: none)
+// and the position of each one's entry's first new token for the plan's records.
+struct ExtendBlocks {
+  std::vector<uint32_t> lengths, starts, slots, q_rows, tokens, mask_strides, new_begins;
+  std::vector<uint64_t> mask_rows;
+  size_t size() const { return lengths.size(); }
+  bool operator==(const ExtendBlocks &o) const {
+    return lengths == o.lengths && starts == o.starts && slots == o.slots && q_rows == o.q_rows &&
+           tokens == o.tokens && mask_strides == o.mask_strides && new_begins == o.new_begins && mask_rows == o.mask_rows;
+  }
+};
 // An entry of at least this many new tokens runs on the extend kernel where it serves the call: its
 // tiles of 64 query rows read each K/V stage once for all of them, but a tile attends over the whole
 // context without splitting it, so a few tokens over a long context take decode's split kernels.
@@ -256,8 +265,8 @@ class GpuBackend final : public Backend {
     const uint32_t q_parts = b.q_format == g.k.format ? 1 : 2;
     const Function wide = extend_function(g, b, q_parts);
     // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows,
-    // with their tree-mask rows (the plan's records get them below), kBlockFields words a block.
-    std::vector<uint32_t> blocks;
+    // with their tree-mask rows (the plan's records get them below).
+    ExtendBlocks blocks;
     std::vector<PkvExtendItem> items;
     const uint32_t group = b.q_heads / g.kv_heads;
     for (uint32_t e = 0; e < b.count; e++) {
@@ -270,9 +279,14 @@ class GpuBackend final : public Backend {
       }
       for (uint32_t i = 0; i < n; i += kMaxQueryTokens) {
         const uint32_t t = std::min(kMaxQueryTokens, n - i), start = b.variants.plan_start(first + i, g.page_size);
-        const uint64_t mask_row = b.mask ? b.mask_offsets[e] + uint64_t(i) * stride : 0;
-        blocks.insert(blocks.end(), {first + i + t - start, start, b.seq_slots[e], b.q_offsets[e] + i, t,
-                                     uint32_t(mask_row), uint32_t(mask_row >> 32), b.mask ? stride : 0, first});
+        blocks.lengths.push_back(first + i + t - start);
+        blocks.starts.push_back(start);
+        blocks.slots.push_back(b.seq_slots[e]);
+        blocks.q_rows.push_back(b.q_offsets[e] + i);
+        blocks.tokens.push_back(t);
+        blocks.mask_rows.push_back(b.mask ? b.mask_offsets[e] + uint64_t(i) * stride : 0);
+        blocks.mask_strides.push_back(b.mask ? stride : 0);
+        blocks.new_begins.push_back(first);
       }
     }
     // The tiles that see the most positions first, so the last blocks to start are short ones.
@@ -281,7 +295,7 @@ class GpuBackend final : public Backend {
     };
     std::stable_sort(items.begin(), items.end(), [&](const auto &x, const auto &y) { return seen(x) > seen(y); });
     DecodeConfig k = *b.config;
-    const uint32_t count = uint32_t(blocks.size() / kBlockFields), most = std::max(1u, std::min(kExtendPlanBlocks, count));
+    const uint32_t count = uint32_t(blocks.size()), most = std::max(1u, std::min(kExtendPlanBlocks, count));
     k.plan.limits = chosen_plan_bounds(most, g.kv_heads, k.plan.workers);
     const PlanPlace place{0, most, k.plan.limits.records};
     const uint64_t part_bytes = align16(place.layout().bytes);
@@ -298,20 +312,17 @@ class GpuBackend final : public Backend {
       x.resident = false;
       x.parts.clear();
       for (uint32_t i = 0; i < parts; i++) {
-        const uint32_t n = std::min(most, count - i * most);
-        std::vector<uint32_t> field[kBlockFields];
-        for (auto &f : field) f.resize(n);
-        for (uint32_t j = 0; j < n; j++)
-          for (uint32_t f = 0; f < kBlockFields; f++) field[f][j] = blocks[size_t(i * most + j) * kBlockFields + f];
-        PlanBatch pb{field[0].data(), field[2].data(), n, g.page_size, g.kv_heads, 0, field[1].data(), kMaxQueryTokens};
-        pb.q_rows = field[3].data();
-        pb.tokens = field[4].data();
+        const uint32_t at = i * most, n = std::min(most, count - at);
+        PlanBatch pb{&blocks.lengths[at], &blocks.slots[at], n, g.page_size, g.kv_heads, 0, &blocks.starts[at],
+                     kMaxQueryTokens};
+        pb.q_rows = &blocks.q_rows[at];
+        pb.tokens = &blocks.tokens[at];
         x.parts.push_back(make_plan(k.plan, pb));
         if (b.mask)
           for (PlanRecord &r : x.parts.back().records)
             if (r.seq != kNoSeq)
-              r.mask = field[5][r.seq] | uint64_t(field[6][r.seq]) << 32, r.mask_stride = field[7][r.seq],
-              r.new_begin = field[8][r.seq];
+              r.mask = blocks.mask_rows[at + r.seq], r.mask_stride = blocks.mask_strides[at + r.seq],
+              r.new_begin = blocks.new_begins[at + r.seq];
       }
       staging_.ensure(&extend_plan_, items_at + items.size() * sizeof(PkvExtendItem));
       for (uint32_t i = 0; i < parts; i++)
@@ -727,7 +738,7 @@ class GpuBackend final : public Backend {
   DeviceBuffer extend_plan_; // the last extend's plans, then its tree masks, then the extend kernel's items
   // What the plans in extend_plan_ were made from, and the plans (extend).
   struct ExtendPlans {
-    std::vector<uint32_t> blocks; // kBlockFields a block
+    ExtendBlocks blocks;
     std::vector<PkvExtendItem> items;
     PlanConfig config;
     uint32_t page_size = 0, kv_heads = 0;
