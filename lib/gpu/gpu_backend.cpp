@@ -262,7 +262,7 @@ class GpuBackend final : public Backend {
     const Attention a{b.layer, b.q_heads, b.q_offsets[b.count], b.scale, b.q_format, b.out_format, b.memory,
                       b.q, b.out, b.lse, b.variants};
     if (a.rows == 0) return;
-    const uint32_t q_parts = b.q_format == g.k.format ? 1 : 2;
+    const uint32_t q_parts = KernelChoice::extend_q_parts(g, b.q_format);
     const Function wide = extend_function(g, b, q_parts);
     // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows,
     // with their tree-mask rows (the plan's records get them below).
@@ -360,7 +360,8 @@ class GpuBackend final : public Backend {
       p.q_format = uint32_t(a.q_format);
       p.out_format = uint32_t(a.out_format);
       p.scale = a.scale;
-      rt_.launch(wide, p.count, 1, 1, &p, PKV_EXTEND_ROWS / 16 * 32, 1, 1, pkv_extend_shared_bytes(g.head_dim, q_parts));
+      rt_.launch(wide, p.count, 1, 1, &p, PKV_EXTEND_ROWS / 16 * 32, 1, 1,
+                 pkv_extend_shared_bytes(g.head_dim, uint32_t(g.k.format), uint32_t(g.v.format), q_parts));
     }
     unstage(a, io);
     x.resident = true; // once the whole call succeeded: a failed one's retry sends what a first call does

@@ -158,17 +158,24 @@ unsigned KernelChoice::stages(const PoolGeometry &g, Tile tile) {
   return stages_[tile][g.head_dim / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16];
 }
 
+uint32_t KernelChoice::extend_q_parts(const PoolGeometry &g, pkv_format q_format) {
+  if (is_quantized(g.k.format)) return 1;
+  return q_format == (g.k.format == PKV_FORMAT_BF16 ? PKV_FORMAT_BF16 : PKV_FORMAT_F16) ? 1 : 2;
+}
+
 Function KernelChoice::extend(const PoolGeometry &g, uint32_t q_parts) {
   const uint32_t D = g.head_dim;
-  auto sixteen = [](pkv_format f) { return f == PKV_FORMAT_F16 || f == PKV_FORMAT_BF16; };
-  if (!extend_ || !policy_.extend_tiles || !sixteen(g.k.format) || !sixteen(g.v.format) || !(D == 64 || D == 128 || D == 256))
-    return nullptr;
-  Looked &kept = extend_functions_[D / 128][g.k.format == PKV_FORMAT_BF16][g.v.format == PKV_FORMAT_BF16][q_parts - 1];
+  // Float K with quantized V stays on the decode kernels, which keep V's values exact (a widened
+  // value rounded to f16 would pass the precision float K keeps).
+  const bool formats = g.k.format != PKV_FORMAT_F32 && g.v.format != PKV_FORMAT_F32 &&
+                       is_fp8(g.k.format) == is_fp8(g.v.format) && (is_quantized(g.k.format) || !is_quantized(g.v.format));
+  if (!extend_ || !policy_.extend_tiles || !formats || !(D == 64 || D == 128 || D == 256)) return nullptr;
+  Looked &kept = extend_functions_[D / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16][q_parts - 1];
   if (kept.done) return kept.fn;
   const std::string name = "pkv_extend_mma_" + std::to_string(D) + "_" + std::to_string(int(g.k.format)) + "_" +
                            std::to_string(int(g.v.format)) + "_" + std::to_string(q_parts);
   Function fn = rt_.function(extend_, name.c_str());
-  const unsigned bytes = pkv_extend_shared_bytes(D, q_parts);
+  const unsigned bytes = pkv_extend_shared_bytes(D, uint32_t(g.k.format), uint32_t(g.v.format), q_parts);
   if (fits_shared_memory(fn, bytes, name)) {
     rt_.check(rt_.dev->tensor_cores()->set_shared_limit(fn, int(bytes)), (" " + name).c_str());
     kept.fn = fn;

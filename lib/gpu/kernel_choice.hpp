@@ -25,10 +25,14 @@ class KernelChoice {
   DecodeConfig config(const PoolGeometry &g, uint32_t rows);
   // What a pool's plan buffer must hold: the most a plan of the planner's own choice has.
   PlanLimits plan_limits(const PoolGeometry &g);
-  // The extend kernel (lib/kernels/extend_tensor_core.cu) for the pool with q in q_parts parts, its
-  // shared memory set; null where there is none (HIP; pages other than F16 and BF16 of head_dim 64,
-  // 128 or 256), its block does not fit, or PKV_EXTEND_KERNEL=blocks. Looked up once.
+  // The extend kernel (lib/kernels/extend_tensor_core.cu) for the pool with q in q_parts parts
+  // (extend_q_parts), its shared memory set; null where there is none (HIP; F32 pages, FP8 beside
+  // another format, float K with quantized V, head_dim other than 64, 128 or 256), its block does
+  // not fit, or PKV_EXTEND_KERNEL=blocks. Looked up once.
   Function extend(const PoolGeometry &g, uint32_t q_parts);
+  // q's 16-bit parts in the extend kernel: one where it is in the format of K's MMAs (F16, or BF16
+  // for BF16 pages) or K is quantized (its widened values are rounded to f16 already), else two.
+  static uint32_t extend_q_parts(const PoolGeometry &g, pkv_format q_format);
 
  private:
   // The tensor-core kernel's tiles of query rows: wide, narrow of 1, 2 or 4 n-tiles, or the group
@@ -64,11 +68,11 @@ class KernelChoice {
   Function cuda_core_functions_[3][4][4] = {}, tensor_core_functions_[kTiles][3][kFormats][kFormats] = {};
   uint8_t stages_[kTiles][3][kFormats][kFormats] = {}; // 0 until looked up, and where no block fits
   uint32_t blocks_per_sm_[2 * kTiles][3][kFormats][kFormats] = {}; // first by shape: tile + kTiles (mtiles - 1)
-  // The extend kernel by [head_dim / 128][K is BF16][V is BF16][q parts - 1], once looked up.
+  // The extend kernel by [head_dim / 128][K format][V format][q parts - 1], once looked up.
   struct Looked {
     Function fn = nullptr;
     bool done = false;
-  } extend_functions_[3][2][2][2];
+  } extend_functions_[3][kFormats][kFormats][2];
 };
 
 } // namespace gpu

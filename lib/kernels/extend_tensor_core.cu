@@ -1,4 +1,4 @@
-// The tensor-core extend (sm_80 and newer) over F16/BF16 pages: many new tokens of a sequence attend
+// The tensor-core extend (sm_80 and newer) over F16, BF16, Q8_0, Q4_0 and FP8 pages: many new tokens of a sequence attend
 // causally over its positions, as in a prefill, a prompt chunk or a prefix-cache hit. Where decode
 // spreads a stage's tokens over the warps (few query rows, every warp all of them), here each of the
 // block's four warps takes 16 query rows of the tile and every token of a stage, so a K/V row read
@@ -6,10 +6,14 @@
 //  - An item is (sequence, KV head, tile of 64 rows); a block takes one, over every position up to
 //    its last row's (no split: a prefill has items enough to fill the device). K and V rows stream
 //    through shared-memory stages of 64 positions by cp.async; q waits there in 16-bit parts.
+//  - Q8_0, Q4_0 and FP8 rows arrive as the pages hold them and are widened once a stage into F16 rows
+//    in shared memory (each value times its group's scale, rounded to f16; FP8 values exactly, the
+//    plane's scale multiplying the scores and the output instead), which all 64 query rows then read.
 //  - S = Q K^T and O = P V on the tensor cores (m16n8k16, fp32 accumulation). q enters in one part
-//    where its format is K's pages' (exact), else as a high and a low part; P always as two parts,
-//    of V's format: ~16-22 bits, the precision decode keeps. Scores are in log2 units, times the
-//    scale in fp32 (q unscaled, so its parts keep their bits whatever the scale).
+//    where its format is the one K's MMAs take (exact), or where K is quantized (its f16 values are
+//    rounded already), else as a high and a low part; P always as two parts, of the format V's MMAs
+//    take: ~16-22 bits, the precision decode keeps. Scores are in log2 units, times the scale in
+//    fp32 (q unscaled, so its parts keep their bits whatever the scale).
 //  - Only the stages that reach past the tile's first row's position mask (causal, and the rows past
 //    the tile's end); the others check nothing.
 #include <math.h>
@@ -17,6 +21,7 @@
 #include "tensor_core/float_parts.cuh"
 #include "tensor_core/online_softmax.cuh"
 #include "tensor_core/ptx.cuh"
+#include "tensor_core/widen_rows.cuh"
 
 using namespace pkv_mma;
 
@@ -25,22 +30,83 @@ namespace {
 constexpr int ROWS = PKV_EXTEND_ROWS, KEYS = PKV_EXTEND_KEYS, NS = PKV_EXTEND_STAGES;
 constexpr int EXTEND_THREADS = ROWS / 16 * 32;
 
-// A block's shared memory: NS stages of K rows then V rows, then q's QP parts.
-template <int D, int QP> struct Layout {
-  static constexpr uint32_t STRIDE = 2 * D + 16;       // bytes a row
-  static constexpr uint32_t STAGE = 2 * KEYS * STRIDE; // K rows, then V rows
-  static_assert(pkv_extend_shared_bytes(D, QP) == NS * STAGE + QP * ROWS * STRIDE, "the host sizes shared memory alike");
+// A plane's rows in format F as a stage holds them (pkv_extend_row_bytes): `wide` ones (F16, BF16)
+// as the MMAs take them, the others widened to F16 rows first.
+template <uint32_t F, int D> struct Stored {
+  static constexpr bool wide = pkv_extend_wide(F);
+  static constexpr uint32_t mma_format = wide ? F : F16;
+  static constexpr uint32_t data = F == Q4_0 ? D / 2 : F == Q8_0 || F == FP8_E4M3 || F == FP8_E5M2 ? D : 2 * D;
+  static constexpr uint32_t scales = F == Q8_0 || F == Q4_0 ? D / 16 : 0; // an f16 scale a group of 32
+  static constexpr uint32_t stride = pkv_extend_row_bytes(D, F);
+  static constexpr int pieces = int(data / 16); // 16-byte pieces of data a row
 };
 
-// KF, VF: the pages' formats (F16 or BF16); QP: q's parts.
-template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(const PkvExtendParams &p) {
-  constexpr bool KH = KF == F16, VH = VF == F16; // each MMA in its pages' format
-  constexpr uint32_t STRIDE = Layout<D, QP>::STRIDE, STAGE = Layout<D, QP>::STAGE;
-  constexpr int PIECES = 2 * D / 16; // 16-byte pieces a row
-  constexpr int DT = D / 8;          // the output's n-tiles
+// Two int8 (or, with BIAS 8, 4-bit) values in the low bytes of x's halves 0x00XX as f16: placed in the
+// mantissa of 1024 (exact below 2048), then the offset taken off.
+template <int BIAS> __device__ __forceinline__ __half2 small_ints_f16(uint32_t bytes_0x00xx) {
+  const uint32_t h = bytes_0x00xx | 0x64006400u;
+  return __hsub2(*reinterpret_cast<const __half2 *>(&h), __float2half2_rn(1024.0f + BIAS));
+}
+
+// Widens a stage's KEYS rows stored as F (Q8_0, Q4_0, FP8) at `src` into F16 rows STRIDE bytes apart
+// at `dst`, 16 values a thread at a time.
+template <uint32_t F, int D, uint32_t STRIDE> __device__ __forceinline__ void widen(const uint8_t *src, uint8_t *dst, int tid) {
+  using S = Stored<F, D>;
+  constexpr int CHUNKS = D / 16;
+  for (int e = tid; e < KEYS * CHUNKS; e += EXTEND_THREADS) {
+    const int key = e / CHUNKS, c = e % CHUNKS;
+    const uint8_t *row = src + key * S::stride;
+    uint32_t y[8];
+    if constexpr (F == Q8_0 || F == Q4_0) {
+      const uint16_t scale = reinterpret_cast<const uint16_t *>(row + S::data)[c / 2];
+      const __half2 s2 = __halves2half2(__ushort_as_half(scale), __ushort_as_half(scale));
+      // Q8_0: values 16 c.. are bytes 16 c.., as int8 (offset by 128). Q4_0: group c / 2's 16 bytes,
+      // low nibbles values 0-15, high nibbles 16-31 (offset by 8).
+      const uint4 x = *reinterpret_cast<const uint4 *>(row + (F == Q8_0 ? 16 * c : 16 * (c / 2)));
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const uint32_t b = F == Q8_0 ? w[i] ^ 0x80808080u : (c % 2 ? w[i] >> 4 : w[i]) & 0x0f0f0f0fu;
+        constexpr int BIAS = F == Q8_0 ? 128 : 8;
+        const __half2 lo = __hmul2(small_ints_f16<BIAS>(__byte_perm(b, 0, 0x4140)), s2);
+        const __half2 hi = __hmul2(small_ints_f16<BIAS>(__byte_perm(b, 0, 0x4342)), s2);
+        y[2 * i] = *reinterpret_cast<const uint32_t *>(&lo);
+        y[2 * i + 1] = *reinterpret_cast<const uint32_t *>(&hi);
+      }
+    } else {
+      const uint4 x = *reinterpret_cast<const uint4 *>(row + 16 * c);
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int i = 0; i < 4; i++) y[2 * i] = fp8x2_to_f16x2<F>(w[i]), y[2 * i + 1] = fp8x2_to_f16x2<F>(w[i] >> 16);
+    }
+    uint4 *out = reinterpret_cast<uint4 *>(dst + key * STRIDE + 32 * c);
+    out[0] = make_uint4(y[0], y[1], y[2], y[3]);
+    out[1] = make_uint4(y[4], y[5], y[6], y[7]);
+  }
+}
+
+// A block's shared memory: NS stages (K rows, then V rows), the widened rows of planes that are not
+// F16 or BF16 (K's, then V's), q's QP parts.
+template <int D, uint32_t SKF, uint32_t SVF, int QP> struct Layout {
+  static constexpr uint32_t STRIDE = 2 * D + 16; // bytes a 16-bit row
+  static constexpr uint32_t STAGE = KEYS * (Stored<SKF, D>::stride + Stored<SVF, D>::stride);
+  static constexpr uint32_t WIDENED = KEYS * STRIDE * (!Stored<SKF, D>::wide + !Stored<SVF, D>::wide);
+  static_assert(pkv_extend_shared_bytes(D, SKF, SVF, QP) == NS * STAGE + WIDENED + QP * ROWS * STRIDE,
+                "the host sizes shared memory alike");
+};
+
+// SKF, SVF: the pages' formats; QP: q's parts.
+template <int D, uint32_t SKF, uint32_t SVF, int QP> __device__ void extend_mma(const PkvExtendParams &p) {
+  using SK = Stored<SKF, D>;
+  using SV = Stored<SVF, D>;
+  using L = Layout<D, SKF, SVF, QP>;
+  constexpr bool KH = SK::mma_format == F16, VH = SV::mma_format == F16; // each MMA in its rows' format
+  constexpr uint32_t STRIDE = L::STRIDE, STAGE = L::STAGE, WIDENED = L::WIDENED;
+  constexpr int DT = D / 8; // the output's n-tiles
   extern __shared__ uint4 smem_words[];
   uint8_t *const smem = reinterpret_cast<uint8_t *>(smem_words);
-  uint8_t *const q_sm = smem + NS * STAGE; // [part][row]
+  uint8_t *const widened = smem + NS * STAGE; // K's widened rows (if any), then V's
+  uint8_t *const q_sm = widened + WIDENED;      // [part][row]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, gid = lane / 4, tig = lane % 4;
   const PkvPool &pool = p.pool;
@@ -61,31 +127,55 @@ template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(co
 
   const uint32_t *table = reinterpret_cast<const uint32_t *>(pool.table) + uint64_t(it.slot) * pool.table_stride;
   const uint8_t *layer_base = reinterpret_cast<const uint8_t *>(pool.base) + uint64_t(p.layer) * pool.pages * pool.block_bytes;
-  const uint32_t in_page = pool.page_size - 1, row_bytes = pool.k.row_data_bytes;
-  // Queues stage `tile` into slot `slot`: each thread the same pieces of a few positions' K and V rows
-  // (one page lookup serves both); positions past the tile's last are zeros.
+  const uint32_t in_page = pool.page_size - 1;
+  // Queues K's (or, v, V's) rows of stage `tile` stored as S at `rows`: each thread the same 16-byte
+  // pieces of a few positions' rows, a thread a row for a quantized row's scales; positions past the
+  // tile's last (and a corrupted table entry's) are zeros.
+  auto queue = [&](auto plane, bool v, int tile, uint8_t *rows) {
+    using S = decltype(plane);
+    const uint64_t part = v ? pool.k_bytes : 0;
+    const uint32_t row_bytes = v ? pool.v.row_data_bytes : pool.k.row_data_bytes;
+    auto where = [&](int key, const uint8_t **row_part, uint32_t *row) { // false: nothing to read
+      const uint32_t t = uint32_t(tile) * KEYS + key;
+      const uint32_t page = t < keys ? table[t >> pool.page_shift] : pool.pages;
+      *row_part = layer_base + (page < pool.pages ? uint64_t(page) * pool.block_bytes : 0) + part;
+      *row = (it.head << pool.page_shift) + (t & in_page);
+      return page < pool.pages;
+    };
+#pragma unroll
+    for (int i = 0; i < (KEYS * S::pieces + EXTEND_THREADS - 1) / EXTEND_THREADS; i++) {
+      const int e = tid + i * EXTEND_THREADS, key = e / S::pieces, piece = e % S::pieces;
+      if (KEYS * S::pieces % EXTEND_THREADS && e >= KEYS * S::pieces) break;
+      const uint8_t *row_part;
+      uint32_t row;
+      const bool valid = where(key, &row_part, &row);
+      cp_async_zfill(rows + key * S::stride + piece * 16, row_part + uint64_t(row) * row_bytes + piece * 16, valid);
+    }
+    if constexpr (S::scales != 0) {
+      const int key = tid - (v ? KEYS : 0); // K's scales by threads 0-63, V's by 64-127
+      if (key >= 0 && key < KEYS) {
+        const uint8_t *row_part;
+        uint32_t row;
+        const bool valid = where(key, &row_part, &row);
+        const uint64_t at = (v ? pool.v.scale_offset : pool.k.scale_offset) + uint64_t(row) * S::scales;
+        if constexpr (S::scales == 16) cp_async_zfill(rows + key * S::stride + S::data, row_part + at, valid);
+        else cp_async_small_zfill<S::scales>(rows + key * S::stride + S::data, row_part + at, valid);
+      }
+    }
+  };
+  // Queues stage `tile` into slot `slot`.
   auto issue = [&](int tile, int slot) {
     if (tile < tiles) {
       uint8_t *stage = smem + slot * STAGE;
-#pragma unroll
-      for (int i = 0; i < KEYS * PIECES / EXTEND_THREADS; i++) {
-        const int e = tid + i * EXTEND_THREADS, key = e / PIECES, piece = e % PIECES;
-        const uint32_t t = uint32_t(tile) * KEYS + key;
-        const uint32_t page = t < keys ? table[t >> pool.page_shift] : pool.pages;
-        const bool valid = page < pool.pages;
-        const uint8_t *src = layer_base + (valid ? uint64_t(page) * pool.block_bytes : 0) +
-                             uint64_t((it.head << pool.page_shift) + (t & in_page)) * row_bytes + piece * 16;
-        uint8_t *dst = stage + key * STRIDE + piece * 16;
-        cp_async_zfill(dst, valid ? src : layer_base, valid);
-        cp_async_zfill(dst + KEYS * STRIDE, valid ? src + pool.k_bytes : layer_base, valid);
-      }
+      queue(SK{}, false, tile, stage);
+      queue(SV{}, true, tile, stage + KEYS * SK::stride);
     }
     cp_async_commit();
   };
 #pragma unroll
   for (int s = 0; s < NS - 1; s++) issue(s, s);
 
-  // q into shared memory in K's 16-bit format, QP parts (zeros past the tile's rows), while the first
+  // q into shared memory in the format of K's MMAs, QP parts (zeros past the tile's rows), while the first
   // stages load: 8 values a thread at a time.
   for (int e = tid; e < ROWS * D / 8; e += EXTEND_THREADS) {
     const uint32_t r = e / (D / 8), d0 = e % (D / 8) * 8;
@@ -112,12 +202,14 @@ template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(co
     const uint32_t row = r0 + 16 * warp + gid + 8 * i;
     seen[i] = row < rows ? first + row / group + 1 : 0;
   }
-  const float mul = p.scale * kLog2e;
+  // FP8 pages: the planes' scales of this KV head, K's on the scores, V's on the output.
+  const float mul = p.scale * kLog2e * plane_scale(pool, false, p.layer, it.head);
+  const float v_scale = plane_scale(pool, true, p.layer, it.head);
   // Matrix-load addresses of this lane: q's 16 x 16 blocks (rows + lane % 16, values + 8 (lane / 16)),
   // K's 8 positions x 32 values (positions + lane % 8, values + 8 (lane / 8)), V's 16 positions x 16
   // values, transposed (positions + lane % 16, values + 8 (lane / 16)).
   const uint8_t *q_lane = q_sm + (16 * warp + lane % 16) * STRIDE + lane / 16 * 16;
-  const uint32_t k_lane = lane % 8 * STRIDE + lane / 8 * 16, v_lane = KEYS * STRIDE + lane % 16 * STRIDE + lane / 16 * 16;
+  const uint32_t k_lane = lane % 8 * STRIDE + lane / 8 * 16, v_lane = lane % 16 * STRIDE + lane / 16 * 16;
 
   for (int tile = 0; tile < tiles; tile++) {
     const int slot = tile % NS;
@@ -125,6 +217,14 @@ template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(co
     cp_async_wait<NS - 1>();
     __syncthreads(); // the stage (and, the first time, q) is in place
     const uint8_t *stage = smem + slot * STAGE;
+    if constexpr (!SK::wide || !SV::wide) {
+      if constexpr (!SK::wide) widen<SKF, D, STRIDE>(stage, widened, tid);
+      if constexpr (!SV::wide) widen<SVF, D, STRIDE>(stage + KEYS * SK::stride, widened + (SK::wide ? 0 : KEYS * STRIDE), tid);
+      __syncthreads();
+    }
+    // Where the MMAs find K's and V's 16-bit rows.
+    const uint8_t *k_rows = SK::wide ? stage : widened;
+    const uint8_t *v_rows = SV::wide ? stage + KEYS * SK::stride : widened + (SK::wide ? 0 : KEYS * STRIDE);
 
     // S = q K^T over the stage's 64 positions: s[n][e] row gid + 8 (e / 2), position 8 n + 2 tig + e % 2.
     float s[KEYS / 8][4] = {};
@@ -138,7 +238,7 @@ template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(co
 #pragma unroll
       for (int n = 0; n < KEYS / 8; n++) {
         uint32_t b[4]; // k-step 2 kp: b[0], b[1]; 2 kp + 1: b[2], b[3]
-        ldmatrix<4, false>(b, stage + k_lane + 8 * n * STRIDE + 64 * kp);
+        ldmatrix<4, false>(b, k_rows + k_lane + 8 * n * STRIDE + 64 * kp);
 #pragma unroll
         for (int part = 0; part < QP; part++) {
           mma16<KH>(s[n], a[part][0], b[0], b[1]);
@@ -187,7 +287,7 @@ template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(co
 #pragma unroll
       for (int jp = 0; jp < DT / 2; jp++) {
         uint32_t b[4]; // n-tile 2 jp: b[0], b[1]; 2 jp + 1: b[2], b[3]
-        ldmatrix<4, true>(b, stage + v_lane + 16 * kk * STRIDE + 32 * jp);
+        ldmatrix<4, true>(b, v_rows + v_lane + 16 * kk * STRIDE + 32 * jp);
 #pragma unroll
         for (int part = 0; part < 2; part++) {
           mma16<VH>(o[2 * jp], a[part], b[0], b[1]);
@@ -205,7 +305,7 @@ template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(co
     const float sum = lanes_sum<3>(l[i]);
     if (!seen[i]) continue;
     const uint64_t head = q_head(r);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sum > 0.0f ? v_scale / sum : 0.0f;
 #pragma unroll
     for (int j = 0; j < DT; j++)
 #pragma unroll
@@ -218,14 +318,21 @@ template <int D, uint32_t KF, uint32_t VF, int QP> __device__ void extend_mma(co
 
 } // namespace
 
-// pkv_extend_mma_<head_dim>_<k format>_<v format>_<q parts>, formats numbered as in pkv_format.
+// pkv_extend_mma_<head_dim>_<k format>_<v format>_<q parts>, formats numbered as in pkv_format: F16 or
+// BF16 K with F16 or BF16 V, q in two parts or one; quantized K with any V but FP8 and F32, q in one
+// part; FP8 K with FP8 V, q in two parts or one. (Float K with quantized V is left to the decode
+// kernels: a widened V value's rounding to f16 would pass the precision float K keeps.)
 #define PKV_EXTEND_KERNEL(D, KF, VF, QP)                                                                     \
   extern "C" __global__ void __launch_bounds__(EXTEND_THREADS)                                               \
       pkv_extend_mma_##D##_##KF##_##VF##_##QP(PkvExtendParams p) {                                           \
     extend_mma<D, KF, VF, QP>(p);                                                                            \
   }
 #define PKV_EXTEND_Q(D, KF, VF) PKV_EXTEND_KERNEL(D, KF, VF, 1) PKV_EXTEND_KERNEL(D, KF, VF, 2)
-#define PKV_EXTEND_KV(D) PKV_EXTEND_Q(D, 2, 2) PKV_EXTEND_Q(D, 2, 3) PKV_EXTEND_Q(D, 3, 2) PKV_EXTEND_Q(D, 3, 3)
-PKV_EXTEND_KV(64)
-PKV_EXTEND_KV(128)
-PKV_EXTEND_KV(256)
+#define PKV_EXTEND_Q1(D, KF, VF) PKV_EXTEND_KERNEL(D, KF, VF, 1)
+#define PKV_EXTEND_QV(D, KF) PKV_EXTEND_Q1(D, KF, 2) PKV_EXTEND_Q1(D, KF, 3) PKV_EXTEND_Q1(D, KF, 4) PKV_EXTEND_Q1(D, KF, 5)
+#define PKV_EXTEND_D(D)                                                                                      \
+  PKV_EXTEND_Q(D, 2, 2) PKV_EXTEND_Q(D, 2, 3) PKV_EXTEND_Q(D, 3, 2) PKV_EXTEND_Q(D, 3, 3) PKV_EXTEND_QV(D, 4)  \
+  PKV_EXTEND_QV(D, 5) PKV_EXTEND_Q(D, 6, 6) PKV_EXTEND_Q(D, 6, 7) PKV_EXTEND_Q(D, 7, 6) PKV_EXTEND_Q(D, 7, 7)
+PKV_EXTEND_D(64)
+PKV_EXTEND_D(128)
+PKV_EXTEND_D(256)

@@ -152,10 +152,25 @@ typedef struct PkvExtendParams {
   float scale;
 } PkvExtendParams;
 
-/* Shared memory of a block: the stages' K and V rows, then q in `q_parts` parts, rows of head_dim
- * 16-bit values padded by 16 bytes (a matrix load's eight rows then fall in different banks). */
-static constexpr uint32_t pkv_extend_shared_bytes(uint32_t head_dim, uint32_t q_parts) {
-  return (2 * PKV_EXTEND_STAGES * PKV_EXTEND_KEYS + q_parts * PKV_EXTEND_ROWS) * (2 * head_dim + 16);
+/* A stage's row of a plane of format `format` (pkv_format numbers): F16 and BF16 rows as the MMAs take
+ * them, padded by 16 bytes (a matrix load's eight rows then fall in different banks); Q8_0, Q4_0 and
+ * FP8 rows as the pages hold them (data, then a quantized row's f16 group scales), to 16 bytes, widened
+ * to padded F16 rows in a buffer of their own before the MMAs. */
+static constexpr int pkv_extend_wide(uint32_t format) { return format == 2 || format == 3; }
+static constexpr uint32_t pkv_extend_row_bytes(uint32_t head_dim, uint32_t format) {
+  return pkv_extend_wide(format) ? 2 * head_dim + 16
+         : format == 5           ? (head_dim / 2 + head_dim / 16 + 15) / 16 * 16
+         : format == 4           ? (head_dim + head_dim / 16 + 15) / 16 * 16
+                                 : head_dim;
+}
+/* Shared memory of a block: the stages' K and V rows, the widened K and V rows where a plane is not
+ * F16 or BF16, then q in `q_parts` parts (padded 16-bit rows). */
+static constexpr uint32_t pkv_extend_shared_bytes(uint32_t head_dim, uint32_t k_format, uint32_t v_format,
+                                                  uint32_t q_parts) {
+  return PKV_EXTEND_KEYS * (PKV_EXTEND_STAGES * (pkv_extend_row_bytes(head_dim, k_format) +
+                                                 pkv_extend_row_bytes(head_dim, v_format)) +
+                            (2 - pkv_extend_wide(k_format) - pkv_extend_wide(v_format)) * (2 * head_dim + 16)) +
+         q_parts * PKV_EXTEND_ROWS * (2 * head_dim + 16);
 }
 
 /* A read-only pass over `bytes` (a multiple of 16) for the bandwidth measurement. */

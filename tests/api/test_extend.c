@@ -17,10 +17,11 @@
  *            on the CPU backend;
  *   random   seeded engine scenarios: prefill chunks, decode steps, forks and truncations, masks;
  *   plans    one call of more blocks of 8 new tokens than one GPU plan holds (1024);
- *   tiles    random F16/BF16 pools (the GPU extend kernel's: entries of 64+ new tokens in tiles of 64
- *            query rows) at head_dim 64/128/256, GQA 1..8, every q and out format, scales that
- *            sharpen the softmax: long and short entries in one call, a forked prefix's children,
- *            T_b = 0, pages shuffled.
+ *   tiles    random pools of F16/BF16/Q8_0/Q4_0 pairs or FP8 pairs (the GPU extend kernel's: entries
+ *            of 64+ new tokens in tiles of 64 query rows, float K with quantized V left to the
+ *            decode kernels) at head_dim 64/128/256, GQA 1..8, every q
+ *            and out format, scales that sharpen the softmax: long and short entries in one call, a
+ *            forked prefix's children, T_b = 0, pages shuffled.
  * Every case runs on every backend.
  *
  * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
@@ -635,20 +636,25 @@ static void plans_case(void **state) {
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * The GPU extend kernel's pools: F16/BF16 K and V at head_dim 64/128/256; a call mixes entries of
- * 64-250 new tokens (tiles of 64 query rows, the last one partly past the entry's rows) with short
- * ones (decode's blocks) and none, over 0-400 cached positions, and a prefix's forked children.
+ * The GPU extend kernel's pools: any pair of F16, BF16, Q8_0 and Q4_0, or of the FP8 formats, at
+ * head_dim 64/128/256; a call mixes entries of 64-250 new tokens (tiles of 64 query rows, the last one
+ * partly past the entry's rows) with short ones (decode's blocks) and none, over 0-400 cached
+ * positions, and a prefix's forked children.
  * ------------------------------------------------------------------------------------------------- */
-enum { TILES = 8 };
+enum { TILES = 12 };
 
 static void tiles_case(void **state) {
   const uint32_t k = (uint32_t)(uintptr_t)*state;
   tu_rng r = tu_rng_stream(g_seed, 7000 + k);
   static const float scales[3] = {0.0f, 0.2f, 1.5f}; /* 1.5: sharp weights, the running max moves often */
-  shape s = {tu_below(&r, 2) ? BF16 : F16, tu_below(&r, 2) ? BF16 : F16, 64u << tu_below(&r, 3), 1 + tu_below(&r, 2),
-             1 + tu_below(&r, 8), 1u << tu_below(&r, 7), io[tu_below(&r, 3)], io[tu_below(&r, 3)], io[tu_below(&r, 3)],
-             scales[tu_below(&r, 3)]};
-  if (tu_below(&r, 2)) s.q = s.k; /* q in K's format enters the MMAs whole */
+  static const pkv_format paired[6] = {F16, BF16, Q8_0, Q4_0, E4M3, E5M2};
+  const uint32_t fp8 = tu_below(&r, 5) == 0 ? 4 : 0; /* FP8 K with FP8 V, else two of the first four */
+  shape s = {paired[fp8 + tu_below(&r, fp8 ? 2 : 4)], paired[fp8 + tu_below(&r, fp8 ? 2 : 4)], 64u << tu_below(&r, 3),
+             1 + tu_below(&r, 2), 1 + tu_below(&r, 8), 1u << tu_below(&r, 7), io[tu_below(&r, 3)], io[tu_below(&r, 3)],
+             io[tu_below(&r, 3)], scales[tu_below(&r, 3)]};
+  if (tu_below(&r, 2)) s.q = s.k == BF16 ? BF16 : F16; /* q in the format of K's MMAs enters them whole */
+  /* Quantized K: logits' spread <= ~1 (oracle_tolerance_for). */
+  if (tu_quantized(s.k)) s.scale = 0.3f / sqrtf((float)s.head_dim) * 2.0f;
   model m;
   model_open(&m, &s, 700, 4096, r);
   print_message("    k=%s v=%s hd=%u kvh=%u group=%u page=%u q=%s out=%s scale=%g\n", pkv_format_name(s.k),

@@ -1,7 +1,8 @@
 /* FP8 pages' scales (pagedkv.h, section 5a) on whichever backend PKV_BACKEND picks, against the codes of
  * testutil's search (tu_f32_to_fp8) and the float64 oracle:
  *  - scales per tensor or per KV head, set on a new pool for all its layers: rows read back as
- *    value(fp8(x / s)) * s, bit for bit; decode and extend agree with the oracle over those values;
+ *    value(fp8(x / s)) * s, bit for bit; decode and extend (of a few new tokens, and of 64-71, a GPU's
+ *    extend kernel) agree with the oracle over those values;
  *  - a scale set after the rows are written applies to the stored codes: V's scale times 2 doubles
  *    every output, K's times 2 doubles every logit (the oracle over doubled K);
  *  - scales read back as set (per tensor: the same for every head; 1.0 for a plane of another format);
@@ -26,7 +27,7 @@
 #include "poolutil.h"
 #include "testutil.h"
 
-enum { LAYERS = 3, KV_HEADS = 2, GROUP = 4, Q_HEADS = KV_HEADS * GROUP, SEQS = 3, MAX_LEN = 96 };
+enum { LAYERS = 3, KV_HEADS = 2, GROUP = 4, Q_HEADS = KV_HEADS * GROUP, SEQS = 3, MAX_LEN = 160, FRESH = 72 };
 
 static uint64_t g_seed;
 
@@ -277,15 +278,16 @@ static void scales_case(void **state) {
   set_scales(&m);
   check_scales(&m);
   for (uint32_t s = 0; s < SEQS; s++) CHECK_OK(pkv_seq_alloc(m.pool, &m.seq[s]));
-  grow(&m, 20 + tu_below(&m.rng, 40));
+  grow(&m, 70 + tu_below(&m.rng, 40));
   grow(&m, 1 + tu_below(&m.rng, 12)); /* into pages partly filled */
   check_rows(&m);
-  const size_t cap = (size_t)SEQS * 12 * Q_HEADS * c->head_dim;
-  float *out = pu_malloc(cap * 4), *lse = pu_malloc((size_t)SEQS * 12 * Q_HEADS * 4);
-  float *doubled = pu_malloc(cap * 4), *lse2 = pu_malloc((size_t)SEQS * 12 * Q_HEADS * 4);
+  const size_t cap = (size_t)SEQS * FRESH * Q_HEADS * c->head_dim;
+  float *out = pu_malloc(cap * 4), *lse = pu_malloc((size_t)SEQS * FRESH * Q_HEADS * 4);
+  float *doubled = pu_malloc(cap * 4), *lse2 = pu_malloc((size_t)SEQS * FRESH * Q_HEADS * 4);
   for (uint32_t l = 0; l < LAYERS; l++) {
     attend(&m, l, 0, 1.0, out, lse);
     attend(&m, l, 1 + tu_below(&m.rng, 12), 1.0, out, lse);
+    attend(&m, l, 64 + tu_below(&m.rng, FRESH - 63), 1.0, out, lse);
   }
 
   /* Scales set after the rows: layer 1's V scales doubled double every output; K's doubled double every
@@ -328,6 +330,7 @@ static void scales_case(void **state) {
      * the softmax scale passed keeps the doubled K's logits as large as before */
     attend(&m, l, 0, 2.0, out, lse);
     attend(&m, l, 1 + tu_below(&m.rng, 12), 2.0, out, lse);
+    attend(&m, l, 64 + tu_below(&m.rng, FRESH - 63), 2.0, out, lse);
   }
   free(out);
   free(lse);
