@@ -278,7 +278,7 @@ static void scales_case(void **state) {
   set_scales(&m);
   check_scales(&m);
   for (uint32_t s = 0; s < SEQS; s++) CHECK_OK(pkv_seq_alloc(m.pool, &m.seq[s]));
-  grow(&m, 70 + tu_below(&m.rng, 40));
+  grow(&m, FRESH + tu_below(&m.rng, 40)); /* as long as the longest extend */
   grow(&m, 1 + tu_below(&m.rng, 12)); /* into pages partly filled */
   check_rows(&m);
   const size_t cap = (size_t)SEQS * FRESH * Q_HEADS * c->head_dim;
