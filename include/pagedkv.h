@@ -573,9 +573,10 @@ PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t firs
  * Entries may share a mask's bytes (the same tree for every sequence: equal offsets).
  *
  * The CPU backend computes extend in float32 with an online softmax, as decode; with T_b <= 8 it gives
- * the bits pkv_decode gives with q_tokens = T_b and chunk_pages = UINT32_MAX. The CUDA and HIP
- * backends run extends through their decode kernels, 8 new tokens a work item (exact; each item reads
- * the context up to its tokens, so long prefills cost more than a prefill kernel of their own would).
+ * the bits pkv_decode gives with q_tokens = T_b and chunk_pages = UINT32_MAX. The CUDA backend runs
+ * an entry of 64 or more new tokens on a kernel of its own (tiles of 64 query rows on the tensor cores,
+ * F16, BF16, Q8_0, Q4_0 and FP8 pages, no mask or variant), the rest through its decode kernels, 8 new
+ * tokens a work item, as the HIP backend runs every entry (docs/api.md says which pairs take which).
  *
  * The attention variants of section 7a (a sliding window, logit soft-capping, attention sinks, ALiBi
  * slopes) apply here as in pkv_decode: the window on top of causality or the mask.
@@ -613,6 +614,25 @@ typedef struct pkv_extend_args {
 
 PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args);
 
+/* Extend inside a captured CUDA graph, as pkv_decode_prepare does for decode. pkv_extend_prepare does
+ * everything of pkv_extend except the attention itself: it applies queued page-table changes and puts
+ * the batch's plans (and its mask) on the device; q, out and lse are not read (they may be NULL). A
+ * pkv_extend of the same batch (same sequences with the same lengths, q_offsets and mask) that follows
+ * then only launches kernels, at addresses fixed for the pool's life for batches of its size.
+ *
+ * So an engine on the CUDA backend with memory = PKV_MEMORY_DEVICE may capture its extend calls (a
+ * speculative verify step, a prefill chunk of a fixed shape) in a graph on the context's stream: call
+ * pkv_extend_prepare, capture the step's pkv_extend calls, and later, after appending and writing the
+ * new tokens, call pkv_extend_prepare with the new state of the batch and replay. Keep count, q_heads,
+ * the token counts of q_offsets, the mask's size, the formats and the q/out/lse buffers of the
+ * capture; the pool's last prepared batch is what its replays attend, so an engine that captured
+ * several shapes prepares the one it replays. An extend that would need an upload while its stream is
+ * capturing fails with PKV_ERR_INVALID_ARGUMENT, one whose entries of fewer than 64 new tokens (or any
+ * entry with a mask or variant) would run on a decode kernel other than the tensor-core one with
+ * PKV_ERR_UNSUPPORTED; either changes nothing. On the CPU backend pkv_extend_prepare only applies the
+ * table changes. */
+PKV_API pkv_status pkv_extend_prepare(pkv_pool *pool, const pkv_extend_args *args);
+
 /* ---------------------------------------------------------------------------------------------------
  * 11. Function table for runtime loaders
  *
@@ -623,7 +643,7 @@ PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args);
  * serves every caller that asks for a version from 1 to N. Entries are named after the functions
  * without their pkv_ prefix; version 1's follow this header's order. docs/abi.md states the rules.
  * ------------------------------------------------------------------------------------------------- */
-#define PKV_API_VERSION 6
+#define PKV_API_VERSION 7
 
 typedef struct pkv_api {
   uint32_t struct_size; /* sizeof the library's table */
@@ -673,6 +693,8 @@ typedef struct pkv_api {
   pkv_status (*pool_set_scales)(pkv_pool *pool, const pkv_scales_args *args);
   pkv_status (*pool_get_scales)(pkv_pool *pool, uint32_t first_layer, uint32_t layer_count, float *k_scales,
                                 float *v_scales);
+  /* version 7 */
+  pkv_status (*extend_prepare)(pkv_pool *pool, const pkv_extend_args *args);
 } pkv_api;
 
 /* Sets *out to the library's table when it offers `version` (from 1 to the library's PKV_API_VERSION;

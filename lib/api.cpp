@@ -265,7 +265,8 @@ void check_mask(const pkv_extend_args &a, uint32_t b, uint32_t n) {
   }
 }
 
-void check_extend_args(const pkv::PoolGeometry &g, const pkv_extend_args &a) {
+// launch: pkv_extend, which reads q and writes out; pkv_extend_prepare touches neither.
+void check_extend_args(const pkv::PoolGeometry &g, const pkv_extend_args &a, bool launch) {
   check_attention_args(g, a.layer, a.q_heads, a.scale, a.q_format, a.out_format, a.memory);
   check_variants(a.q_heads, a.sinks, a.alibi_slopes, a.softcap, a.memory);
   if (a.count == 0) return;
@@ -280,7 +281,7 @@ void check_extend_args(const pkv::PoolGeometry &g, const pkv_extend_args &a) {
   if (total * a.q_heads > PKV_MAX_EXTEND_ROWS)
     fail(PKV_ERR_INVALID_ARGUMENT, "%llu queries x %u query heads is more than the %llu query rows a call takes",
          (unsigned long long)total, a.q_heads, (unsigned long long)PKV_MAX_EXTEND_ROWS);
-  if (total > 0) {
+  if (total > 0 && launch) {
     check_pointer(a.q, "q");
     check_pointer(a.out, "out");
   }
@@ -504,9 +505,19 @@ PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args) {
   return guarded(__func__, [&] {
     pkv_pool &p = pool_ref(pool);
     pkv_extend_args a = read_struct(args, "args");
-    check_extend_args(p.geometry(), a);
+    check_extend_args(p.geometry(), a, true);
     a.memory = host_or_device(a.memory);
     p.extend(a);
+  });
+}
+
+PKV_API pkv_status pkv_extend_prepare(pkv_pool *pool, const pkv_extend_args *args) {
+  return guarded(__func__, [&] {
+    pkv_pool &p = pool_ref(pool);
+    pkv_extend_args a = read_struct(args, "args");
+    check_extend_args(p.geometry(), a, false);
+    a.memory = host_or_device(a.memory);
+    p.extend_prepare(a);
   });
 }
 

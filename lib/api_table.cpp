@@ -47,6 +47,7 @@ constexpr pkv_api make_table() {
   t.seq_release_before = pkv_seq_release_before;
   t.pool_set_scales = pkv_pool_set_scales;
   t.pool_get_scales = pkv_pool_get_scales;
+  t.extend_prepare = pkv_extend_prepare;
   return t;
 }
 

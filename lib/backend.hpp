@@ -200,6 +200,9 @@ class Backend {
   // pkv_extend. A backend that has no extend yet refuses it (PKV_ERR_UNSUPPORTED) before it
   // applies the table changes or touches anything.
   virtual void extend(const PoolGeometry &g, const ExtendBatch &batch) = 0;
+  // Applies the batch's table changes and puts its plans on the device, launching nothing: an extend
+  // of the same batch that follows needs no upload (pkv_extend_prepare).
+  virtual void prepare_extend(const PoolGeometry &g, const ExtendBatch &batch) = 0;
   virtual void synchronize() = 0;
   // GB/s of a read-only pass over `bytes` (0: the backend's default size), best of several passes.
   virtual double read_bandwidth(uint64_t bytes) = 0;

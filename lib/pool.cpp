@@ -408,7 +408,11 @@ void pkv_pool::run_decode(const pkv_decode_args &a, bool launch) {
   plans_.set_resident(true);
 }
 
-void pkv_pool::extend(const pkv_extend_args &a) {
+void pkv_pool::extend(const pkv_extend_args &a) { run_extend(a, true); }
+
+void pkv_pool::extend_prepare(const pkv_extend_args &a) { run_extend(a, false); }
+
+void pkv_pool::run_extend(const pkv_extend_args &a, bool launch) {
   if (a.count == 0) return;
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -444,7 +448,8 @@ void pkv_pool::extend(const pkv_extend_args &a) {
   batch.variants = variants;
   std::lock_guard<std::mutex> device(ctx_->mu);
   batch.config = &plans_.config(*ctx_->backend, geometry_, pkv::kMaxQueryTokens * (a.q_heads / geometry_.kv_heads));
-  ctx_->backend->extend(geometry_, batch);
+  if (launch) ctx_->backend->extend(geometry_, batch);
+  else ctx_->backend->prepare_extend(geometry_, batch);
   pending_.clear();
 }
 

@@ -39,6 +39,8 @@ struct pkv_pool {
   void decode_prepare(const pkv_decode_args &args);
   // Arguments checked by api.cpp: offsets, total rows and mask included.
   void extend(const pkv_extend_args &args);
+  // Applies queued page-table changes and puts the batch's plans on the device without attending.
+  void extend_prepare(const pkv_extend_args &args);
   pkv_pool_stats stats();
   // Arguments checked by api.cpp (layers, shape, values, FP8 planes only).
   void set_scales(const pkv_scales_args &args);
@@ -79,6 +81,7 @@ struct pkv_pool {
   pkv::TableUpdates table_updates();
   // A scatter's or gather's common part: rows to or from `slots`, with the queued table changes.
   void run_decode(const pkv_decode_args &args, bool launch);
+  void run_extend(const pkv_extend_args &args, bool launch);
   // Room for `more` queued page-table changes, growing the queue geometrically.
   void reserve_pending(size_t more);
   pkv::RowTransfer transfer(uint32_t layer, const std::vector<pkv::RowSlot> &slots, pkv_format format,

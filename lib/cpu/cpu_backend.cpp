@@ -111,6 +111,7 @@ class CpuBackend final : public Backend {
   }
 
   void prepare_decode(const PoolGeometry &g, const DecodeBatch &b) override { apply(g, b.table); }
+  void prepare_extend(const PoolGeometry &g, const ExtendBatch &b) override { apply(g, b.table); }
 
   void decode(const PoolGeometry &g, const DecodeBatch &b) override {
     apply(g, b.table);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "../kernels/kernel_params.h"
@@ -164,11 +165,17 @@ class GpuBackend final : public Backend {
     return p;
   }
 
+  // A pool's pages going take its extend buffers with them.
   void release(DevPtr ptr) noexcept override {
     if (!ptr) return;
     CurrentForCleanup current(dev_.get());
     dev_->stream_synchronize(rt_.stream); // the memory may still be read by queued work
     dev_->free(ptr);
+    const auto found = extends_.find(ptr);
+    if (found == extends_.end()) return;
+    for (const DeviceBuffer &b : found->second.buffers)
+      if (b.ptr) dev_->free(b.ptr);
+    extends_.erase(found);
   }
 
   void write_device(DevPtr dst, const void *src, uint64_t bytes) override {
@@ -251,30 +258,88 @@ class GpuBackend final : public Backend {
   // PKV_EXTEND_ROWS query rows; the rest as records of the decode's kernels, each entry's tokens in
   // blocks of up to kMaxQueryTokens, a block attending like a decode of that many query tokens over
   // the sequence up to its last token (so causally; a tree mask hides new tokens besides). The
-  // blocks go in plans of up to kExtendPlanBlocks in a buffer of the backend's, with the call's tree
-  // masks and the extend kernel's items: in the pool's plan buffer, which holds max_sequences
-  // sequences, a prefill of one sequence ran as a launch for each of its blocks, every one too small
-  // to fill the device. An engine extends the same batch in every layer of a step: a call whose
-  // blocks, items, masks and configuration are the last call's launches what is already on the device.
+  // blocks go in plans of up to kExtendPlanBlocks in a buffer of the pool's (extend_buffer), with the
+  // call's tree masks and the extend kernel's items: in the pool's plan buffer, which holds
+  // max_sequences sequences, a prefill of one sequence ran as a launch for each of its blocks, every
+  // one too small to fill the device. An engine extends the same batch in every layer of a step: a
+  // call whose blocks, items, masks and configuration are the pool's last call's launches what is
+  // already on the device, which is also what lets a graph capture it (after pkv_extend_prepare).
   void extend(const PoolGeometry &g, const ExtendBatch &b) override {
     Current current(rt_);
-    put_table(g, b.table);
     const Attention a{b.layer, b.q_heads, b.q_offsets[b.count], b.scale, b.q_format, b.out_format, b.memory,
                       b.q, b.out, b.lse, b.variants};
+    ExtendWork w = plan_extend(g, b);
+    int capture = 0;
+    rt_.check(dev_->stream_capture_status(rt_.stream, &capture));
+    if (capture != 0) check_extend_capture(g, b, w);
+    put_table(g, b.table);
     if (a.rows == 0) return;
-    const uint32_t q_parts = KernelChoice::extend_q_parts(g, b.q_format);
-    const Function wide = extend_function(g, b, q_parts);
-    // The blocks: as decode sequences of their own lengths, page-table rows, starts and query rows,
-    // with their tree-mask rows (the plan's records get them below).
+    const DevPtr at = put_extend(g, b, w);
+    if (w.parts) reserve_parts(g, w.config, kMaxQueryTokens, b.q_heads);
+    Staged io = stage(g, a);
+    if (b.mask) io.mask = at + w.mask_at;
+    ExtendPlans &x = extends_[g.base].last;
+    for (uint32_t i = 0; i < w.parts; i++)
+      launch(g, w.config, x.parts[i], a, io, std::min(w.most, w.count - i * w.most), kMaxQueryTokens,
+             {at + i * w.part_bytes, w.most, w.place.max_records});
+    if (!x.items.empty()) {
+      PkvExtendParams p{};
+      p.pool = pool_params(g);
+      p.items = at + w.items_at;
+      p.q = io.q;
+      p.out = io.out;
+      p.lse = io.lse;
+      p.count = uint32_t(x.items.size());
+      p.layer = a.layer;
+      p.q_heads = a.q_heads;
+      p.q_format = uint32_t(a.q_format);
+      p.out_format = uint32_t(a.out_format);
+      p.scale = a.scale;
+      rt_.launch(w.wide, p.count, 1, 1, &p, PKV_EXTEND_ROWS / 16 * 32, 1, 1,
+                 pkv_extend_shared_bytes(g.head_dim, uint32_t(g.k.format), uint32_t(g.v.format), w.q_parts));
+    }
+    unstage(a, io);
+    x.resident = true; // once the whole call succeeded: a failed one's retry sends what a first call does
+  }
+
+  // Applies the table changes and puts the batch's plans on the device, with the decode scratch its
+  // blocks need, launching nothing: an extend of the same batch that follows only launches.
+  void prepare_extend(const PoolGeometry &g, const ExtendBatch &b) override {
+    Current current(rt_);
+    ExtendWork w = plan_extend(g, b);
+    put_table(g, b.table);
+    if (b.q_offsets[b.count] == 0) return;
+    put_extend(g, b, w);
+    if (w.parts) reserve_parts(g, w.config, kMaxQueryTokens, b.q_heads);
+    extends_[g.base].last.resident = true;
+  }
+
+  // An extend's work as made on the host: the blocks for the decode kernels, the extend kernel's
+  // items, the decode configuration of the blocks' plans and where everything lies in the pool's
+  // extend buffer (the plans in `parts` parts of part_bytes, then the masks at mask_at, then the
+  // items at items_at; `bytes` in all).
+  struct ExtendWork {
     ExtendBlocks blocks;
     std::vector<PkvExtendItem> items;
+    Function wide;
+    uint32_t q_parts, count, most, parts;
+    DecodeConfig config;
+    PlanPlace place;
+    uint64_t part_bytes, mask_bytes, mask_at, items_at, bytes;
+  };
+
+  ExtendWork plan_extend(const PoolGeometry &g, const ExtendBatch &b) {
+    ExtendWork w{};
+    w.q_parts = KernelChoice::extend_q_parts(g, b.q_format);
+    w.wide = extend_function(g, b, w.q_parts);
+    ExtendBlocks &blocks = w.blocks;
     const uint32_t group = b.q_heads / g.kv_heads;
     for (uint32_t e = 0; e < b.count; e++) {
       const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n, stride = (n + 7) / 8;
-      if (wide && n >= kExtendKernelTokens) {
+      if (w.wide && n >= kExtendKernelTokens) {
         for (uint32_t h = 0; h < g.kv_heads; h++)
           for (uint32_t z = 0; z * PKV_EXTEND_ROWS < n * group; z++)
-            items.push_back({b.seq_slots[e], b.lengths[e], n, b.q_offsets[e], h, z, {0, 0}});
+            w.items.push_back({b.seq_slots[e], b.lengths[e], n, b.q_offsets[e], h, z, {0, 0}});
         continue;
       }
       for (uint32_t i = 0; i < n; i += kMaxQueryTokens) {
@@ -293,78 +358,112 @@ class GpuBackend final : public Backend {
     auto seen = [&](const PkvExtendItem &i) {
       return i.length - i.tokens + std::min(i.tokens * group, (i.tile + 1) * PKV_EXTEND_ROWS) / group;
     };
-    std::stable_sort(items.begin(), items.end(), [&](const auto &x, const auto &y) { return seen(x) > seen(y); });
-    DecodeConfig k = *b.config;
-    const uint32_t count = uint32_t(blocks.size()), most = std::max(1u, std::min(kExtendPlanBlocks, count));
-    k.plan.limits = chosen_plan_bounds(most, g.kv_heads, k.plan.workers);
-    const PlanPlace place{0, most, k.plan.limits.records};
-    const uint64_t part_bytes = align16(place.layout().bytes);
-    const uint32_t parts = (count + most - 1) / most;
-    const uint64_t mask_bytes = b.mask ? b.mask_bytes : 0, items_at = parts * part_bytes + align16(mask_bytes);
-    ExtendPlans &x = extend_plans_;
-    const bool same = x.resident && x.blocks == blocks && x.config == k.plan && x.page_size == g.page_size &&
-                      x.kv_heads == g.kv_heads && x.mask.size() == mask_bytes &&
-                      (!b.mask || std::equal(x.mask.begin(), x.mask.end(), b.mask)) && x.items.size() == items.size() &&
-                      std::equal(x.items.begin(), x.items.end(), items.begin(), [](const auto &u, const auto &v) {
-                        return std::memcmp(&u, &v, sizeof u) == 0;
-                      });
-    if (!same) {
-      x.resident = false;
-      x.parts.clear();
-      for (uint32_t i = 0; i < parts; i++) {
-        const uint32_t at = i * most, n = std::min(most, count - at);
-        PlanBatch pb{&blocks.lengths[at], &blocks.slots[at], n, g.page_size, g.kv_heads, 0, &blocks.starts[at],
-                     kMaxQueryTokens};
-        pb.q_rows = &blocks.q_rows[at];
-        pb.tokens = &blocks.tokens[at];
-        x.parts.push_back(make_plan(k.plan, pb));
-        if (b.mask)
-          for (PlanRecord &r : x.parts.back().records)
-            if (r.seq != kNoSeq)
-              r.mask = blocks.mask_rows[at + r.seq], r.mask_stride = blocks.mask_strides[at + r.seq],
-              r.new_begin = blocks.new_begins[at + r.seq];
-      }
-      staging_.ensure(&extend_plan_, items_at + items.size() * sizeof(PkvExtendItem));
-      for (uint32_t i = 0; i < parts; i++)
-        upload_plan(staging_, {extend_plan_.ptr + i * part_bytes, most, place.max_records}, x.parts[i],
-                    std::min(most, count - i * most));
-      if (mask_bytes || !items.empty()) { // one transfer: the masks, then the items at items_at
-        Upload up;
-        if (mask_bytes) up.place(0, b.mask, mask_bytes);
-        if (!items.empty()) up.place(items_at - parts * part_bytes, items.data(), items.size() * sizeof(PkvExtendItem));
-        staging_.send(up, extend_plan_.ptr + parts * part_bytes);
-      }
-      x.blocks = std::move(blocks);
-      x.items = std::move(items);
-      x.config = k.plan;
-      x.page_size = g.page_size;
-      x.kv_heads = g.kv_heads;
-      x.mask.assign(b.mask, b.mask + mask_bytes);
+    std::stable_sort(w.items.begin(), w.items.end(), [&](const auto &x, const auto &y) { return seen(x) > seen(y); });
+    w.config = *b.config;
+    w.count = uint32_t(blocks.size());
+    w.most = std::max(1u, std::min(kExtendPlanBlocks, w.count));
+    w.config.plan.limits = chosen_plan_bounds(w.most, g.kv_heads, w.config.plan.workers);
+    w.place = PlanPlace{0, w.most, w.config.plan.limits.records};
+    w.part_bytes = align16(w.place.layout().bytes);
+    w.parts = (w.count + w.most - 1) / w.most;
+    w.mask_bytes = b.mask ? b.mask_bytes : 0;
+    w.mask_at = w.parts * w.part_bytes;
+    w.items_at = w.mask_at + align16(w.mask_bytes);
+    w.bytes = w.items_at + w.items.size() * sizeof(PkvExtendItem);
+    return w;
+  }
+
+  // Whether the pool's last extend plans, on the device, are the work's.
+  bool extend_resident(const PoolGeometry &g, const ExtendBatch &b, const ExtendWork &w) const {
+    const auto found = extends_.find(g.base);
+    if (found == extends_.end()) return false;
+    const ExtendPlans &x = found->second.last;
+    return x.resident && x.blocks == w.blocks && x.config == w.config.plan && x.page_size == g.page_size &&
+           x.kv_heads == g.kv_heads && x.mask.size() == w.mask_bytes &&
+           (!b.mask || std::equal(x.mask.begin(), x.mask.end(), b.mask)) && x.items.size() == w.items.size() &&
+           std::equal(x.items.begin(), x.items.end(), w.items.begin(),
+                      [](const auto &u, const auto &v) { return std::memcmp(&u, &v, sizeof u) == 0; });
+  }
+
+  // An extend issued while the stream captures a graph launches only: its plans and table changes put
+  // on the device by pkv_extend_prepare, q and out in device memory, the decode's blocks (if any) on
+  // the tensor-core kernel with their scratch sized.
+  void check_extend_capture(const PoolGeometry &g, const ExtendBatch &b, const ExtendWork &w) {
+    if (b.memory == PKV_MEMORY_HOST) fail(PKV_ERR_INVALID_ARGUMENT, "an extend captured in a graph needs memory = PKV_MEMORY_DEVICE");
+    if (b.table.count || (b.q_offsets[b.count] && !extend_resident(g, b, w)))
+      fail(PKV_ERR_INVALID_ARGUMENT, "the stream is capturing a graph but this batch's extend plans are not on the "
+           "device: call pkv_extend_prepare with the batch before capturing (and before each replay after it changed)");
+    if (!w.parts) return;
+    if (w.config.family != KernelFamily::tensor_core)
+      refuse_capture("this extend's entries of fewer than 64 new tokens (or with a mask or variant)");
+    const uint64_t parts = w.config.plan.limits.parts, part_rows = parts * kMaxQueryTokens * b.q_heads;
+    if (part_rows * g.head_dim * 4 > part_out_.bytes || parts * g.kv_heads * w.config.row_tiles * 4 > counters_.bytes)
+      fail(PKV_ERR_INVALID_ARGUMENT, "call pkv_extend_prepare with the batch before capturing it: its scratch buffers "
+           "are sized there");
+  }
+
+  // A capture of `what`, which would run on a decode kernel other than the tensor-core one.
+  [[noreturn]] void refuse_capture(const char *what) {
+    const std::string none = dev_->images().tensor_core ? "" : std::string("; the ") + dev_->name() + " backend has none";
+    fail(PKV_ERR_UNSUPPORTED, "%s: only the tensor-core decode kernel can be captured (pages of F16, BF16, Q8_0 or "
+         "Q4_0 with head_dim 64, 128 or 256, PKV_KERNEL_FAMILY unset, and shared memory for it: not head_dim 256 on "
+         "99 KB a block)%s", what, none.c_str());
+  }
+
+  // Puts the work's plans, masks and items into the pool's extend buffer for its size unless they are
+  // there already; returns the buffer.
+  DevPtr put_extend(const PoolGeometry &g, const ExtendBatch &b, ExtendWork &w) {
+    const bool same = extend_resident(g, b, w);
+    const DevPtr at = extend_buffer(g, w.bytes);
+    if (same) return at;
+    ExtendPlans &x = extends_[g.base].last;
+    x.resident = false;
+    x.parts.clear();
+    for (uint32_t i = 0; i < w.parts; i++) {
+      const uint32_t first = i * w.most, n = std::min(w.most, w.count - first);
+      ExtendBlocks &k = w.blocks;
+      PlanBatch pb{&k.lengths[first], &k.slots[first], n, g.page_size, g.kv_heads, 0, &k.starts[first], kMaxQueryTokens};
+      pb.q_rows = &k.q_rows[first];
+      pb.tokens = &k.tokens[first];
+      x.parts.push_back(make_plan(w.config.plan, pb));
+      if (b.mask)
+        for (PlanRecord &r : x.parts.back().records)
+          if (r.seq != kNoSeq)
+            r.mask = k.mask_rows[first + r.seq], r.mask_stride = k.mask_strides[first + r.seq],
+            r.new_begin = k.new_begins[first + r.seq];
     }
-    if (parts) reserve_parts(g, k, kMaxQueryTokens, b.q_heads);
-    Staged io = stage(g, a);
-    if (b.mask) io.mask = extend_plan_.ptr + parts * part_bytes;
-    for (uint32_t i = 0; i < parts; i++)
-      launch(g, k, x.parts[i], a, io, std::min(most, count - i * most), kMaxQueryTokens,
-             {extend_plan_.ptr + i * part_bytes, most, place.max_records});
-    if (!x.items.empty()) {
-      PkvExtendParams p{};
-      p.pool = pool_params(g);
-      p.items = extend_plan_.ptr + items_at;
-      p.q = io.q;
-      p.out = io.out;
-      p.lse = io.lse;
-      p.count = uint32_t(x.items.size());
-      p.layer = a.layer;
-      p.q_heads = a.q_heads;
-      p.q_format = uint32_t(a.q_format);
-      p.out_format = uint32_t(a.out_format);
-      p.scale = a.scale;
-      rt_.launch(wide, p.count, 1, 1, &p, PKV_EXTEND_ROWS / 16 * 32, 1, 1,
-                 pkv_extend_shared_bytes(g.head_dim, uint32_t(g.k.format), uint32_t(g.v.format), q_parts));
+    for (uint32_t i = 0; i < w.parts; i++)
+      upload_plan(staging_, {at + i * w.part_bytes, w.most, w.place.max_records}, x.parts[i],
+                  std::min(w.most, w.count - i * w.most));
+    if (w.mask_bytes || !w.items.empty()) { // one transfer: the masks, then the items
+      Upload up;
+      if (w.mask_bytes) up.place(0, b.mask, w.mask_bytes);
+      if (!w.items.empty()) up.place(w.items_at - w.mask_at, w.items.data(), w.items.size() * sizeof(PkvExtendItem));
+      staging_.send(up, at + w.mask_at);
     }
-    unstage(a, io);
-    x.resident = true; // once the whole call succeeded: a failed one's retry sends what a first call does
+    x.blocks = std::move(w.blocks);
+    x.items = std::move(w.items);
+    x.config = w.config.plan;
+    x.page_size = g.page_size;
+    x.kv_heads = g.kv_heads;
+    x.mask.assign(b.mask, b.mask + w.mask_bytes);
+    return at;
+  }
+
+  // The pool's extend buffer for `bytes`: one of each power-of-two size from 4 KB, made when first
+  // needed and kept for the pool's life, so a captured extend finds its batch's plans where it was
+  // captured after every pkv_extend_prepare of that batch, whatever other batches came between.
+  DevPtr extend_buffer(const PoolGeometry &g, uint64_t bytes) {
+    unsigned size = 12;
+    while ((uint64_t(1) << size) < bytes) size++;
+    std::vector<DeviceBuffer> &buffers = extends_[g.base].buffers;
+    if (buffers.size() <= size - 12) buffers.resize(size - 11);
+    DeviceBuffer &buf = buffers[size - 12];
+    if (!buf.ptr) {
+      rt_.check(dev_->alloc(&buf.ptr, size_t(1) << size), " (extend plans)");
+      buf.bytes = uint64_t(1) << size;
+    }
+    return buf.ptr;
   }
 
   // The extend kernel for the call, or null where it does not serve: no tree mask or attention
@@ -395,12 +494,7 @@ class GpuBackend final : public Backend {
       if (upload)
         fail(PKV_ERR_INVALID_ARGUMENT, "the stream is capturing a graph but this batch's plan is not on the device: call "
              "pkv_decode_prepare with the batch before capturing (and before each replay after it changed)");
-      if (!tensor_core) {
-        const std::string none = dev_->images().tensor_core ? "" : std::string("; the ") + dev_->name() + " backend has none";
-        fail(PKV_ERR_UNSUPPORTED, "only the tensor-core decode kernel can be captured (pages of F16, BF16, Q8_0 or "
-             "Q4_0 with head_dim 64, 128 or 256, PKV_KERNEL_FAMILY unset, and shared memory for it: not head_dim 256 on "
-             "99 KB a block)%s", none.c_str());
-      }
+      if (!tensor_core) refuse_capture("this decode");
       if (part_rows * g.head_dim * 4 > part_out_.bytes || counters * 4 > counters_.bytes)
         fail(PKV_ERR_INVALID_ARGUMENT, "decode a batch of this shape once before capturing it: its scratch buffers are "
              "sized on first use");
@@ -715,9 +809,12 @@ class GpuBackend final : public Backend {
   void teardown() noexcept {
     CurrentForCleanup current(dev_.get());
     if (rt_.stream) dev_->stream_synchronize(rt_.stream);
-    for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_, &extend_plan_, &image_pages_,
-                            &image_stage_, &image_sum_})
+    for (DeviceBuffer *b : {&part_out_, &part_lse_, &counters_, &decode_out_, &rows_out_, &image_pages_, &image_stage_,
+                            &image_sum_})
       if (b->ptr) dev_->free(b->ptr);
+    for (const auto &pool : extends_)
+      for (const DeviceBuffer &b : pool.second.buffers)
+        if (b.ptr) dev_->free(b.ptr);
     staging_.release();
     for (Module m : {pages_module_, generic_module_, cuda_core_module_, tensor_core_module_, extend_module_})
       if (m) dev_->module_unload(m);
@@ -736,8 +833,7 @@ class GpuBackend final : public Backend {
   Function copy_image_ = nullptr;
   Function read_bandwidth_ = nullptr;
   DeviceBuffer part_out_, part_lse_, counters_, decode_out_, rows_out_;
-  DeviceBuffer extend_plan_; // the last extend's plans, then its tree masks, then the extend kernel's items
-  // What the plans in extend_plan_ were made from, and the plans (extend).
+  // What a pool's last extend plans were made from, and the plans.
   struct ExtendPlans {
     ExtendBlocks blocks;
     std::vector<PkvExtendItem> items;
@@ -745,8 +841,15 @@ class GpuBackend final : public Backend {
     uint32_t page_size = 0, kv_heads = 0;
     std::vector<uint8_t> mask;
     std::vector<DecodePlan> parts;
-    bool resident = false; // extend_plan_ holds them, and a call with them succeeded
-  } extend_plans_;
+    bool resident = false; // the pool's extend buffer for their size holds them, and a call with them succeeded
+  };
+  // Each pool's extends, by the address of its pages (PoolGeometry::base): the last plans and the
+  // extend buffers (extend_buffer), index i holding 4 KB << i.
+  struct PoolExtends {
+    ExtendPlans last;
+    std::vector<DeviceBuffer> buffers;
+  };
+  std::map<DevPtr, PoolExtends> extends_;
   DeviceBuffer image_pages_, image_stage_, image_sum_; // an image's page list, host chunk and checksum
   bool counters_zero_ = true; // counters_ has been filled with zeros (false from its growth until then)
 };

@@ -185,6 +185,7 @@ _SIGNATURES = {
     "pkv_decode": (ENUM, [ctypes.c_void_p, ctypes.POINTER(DecodeArgs)]),
     "pkv_decode_prepare": (ENUM, [ctypes.c_void_p, ctypes.POINTER(DecodeArgs)]),
     "pkv_extend": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ExtendArgs)]),
+    "pkv_extend_prepare": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ExtendArgs)]),
     "pkv_pool_get_stats": (ENUM, [ctypes.c_void_p, ctypes.POINTER(PoolStats)]),
     "pkv_pool_set_scales": (ENUM, [ctypes.c_void_p, ctypes.POINTER(ScalesArgs)]),
     "pkv_pool_get_scales": (ENUM, [ctypes.c_void_p, U32, U32, ctypes.POINTER(F32), ctypes.POINTER(F32)]),

@@ -103,8 +103,8 @@ static const struct fact facts[] = {
     AT(pkv_scales_args, struct_size, 0), AT(pkv_scales_args, first_layer, 4), AT(pkv_scales_args, layer_count, 8),
     AT(pkv_scales_args, per_head, 12), AT(pkv_scales_args, k_scales, 16), AT(pkv_scales_args, v_scales, 24),
 
-    /* the function table: version 1, then versions 2 to 6 */
-    SIZE(pkv_api, 8 + 8 * 37), ALIGN(pkv_api, 8),
+    /* the function table: version 1, then versions 2 to 7 */
+    SIZE(pkv_api, 8 + 8 * 38), ALIGN(pkv_api, 8),
     AT(pkv_api, struct_size, 0), AT(pkv_api, api_version, 4),
     API(version, 0), API(version_string, 1), API(status_string, 2), API(last_error, 3), API(backend_name, 4),
     API(format_name, 5), API(context_create, 6), API(context_destroy, 7), API(context_backend, 8),
@@ -114,7 +114,7 @@ static const struct fact facts[] = {
     API(pool_get_stats, 23), API(convert_from_f32, 24), API(convert_to_f32, 25), API(format_row_bytes, 26),
     API(decode_prepare, 27), API(seq_export_size, 28), API(seq_export, 29), API(seq_import, 30),
     API(pool_regions, 31), API(seq_page_spans, 32), API(extend, 33), API(seq_release_before, 34),
-    API(pool_set_scales, 35), API(pool_get_scales, 36),
+    API(pool_set_scales, 35), API(pool_get_scales, 36), API(extend_prepare, 37),
 };
 
 int main(void) {

@@ -59,6 +59,7 @@ static void table_holds_the_functions(void **state) {
   assert_ptr_equal(t->seq_release_before, pkv_seq_release_before);
   assert_ptr_equal(t->pool_set_scales, pkv_pool_set_scales);
   assert_ptr_equal(t->pool_get_scales, pkv_pool_get_scales);
+  assert_ptr_equal(t->extend_prepare, pkv_extend_prepare);
   /* the same table for every version asked for */
   const pkv_api *again = NULL;
   assert_int_equal(pkv_get_api(1, &again), PKV_OK);

@@ -319,6 +319,9 @@ static pkv_status try_pool(fixture *f, const pkv_pool_desc *d) {
 #define PREPARE(fn, ...) EDIT(fn, pkv_decode_args, good_decode(f), pkv_decode_prepare(f->pool, &a), __VA_ARGS__)
 #define EXTEND(fn, ...) EDIT(fn, pkv_extend_args, good_extend(f), pkv_extend(f->pool, &a), __VA_ARGS__)
 #define MASKED(fn, ...) EDIT(fn, pkv_extend_args, good_masked_extend(f), pkv_extend(f->pool, &a), __VA_ARGS__)
+#define EXTEND_PREPARE(fn, ...) EDIT(fn, pkv_extend_args, good_extend(f), pkv_extend_prepare(f->pool, &a), __VA_ARGS__)
+#define MASKED_PREPARE(fn, ...)                                                                     \
+  EDIT(fn, pkv_extend_args, good_masked_extend(f), pkv_extend_prepare(f->pool, &a), __VA_ARGS__)
 #define EXPORT_SIZE(fn, ...) EDIT(fn, pkv_export_args, good_export(f), pkv_seq_export_size(f->pool, &a, &f->image[0]), __VA_ARGS__)
 #define EXPORT(fn, ...) EDIT(fn, pkv_export_args, good_export(f), pkv_seq_export(f->pool, &a), __VA_ARGS__)
 #define IMPORT(fn, ...) EDIT(fn, pkv_import_args, good_import(f), pkv_seq_import(f->pool, &a, &f->imported), __VA_ARGS__)
@@ -688,12 +691,29 @@ MASKED(extend_mask_offset_huge, static const uint64_t o[3] = {0, UINT64_MAX, 3};
 MASKED(extend_mask_without_self, static const uint8_t m[3] = {1, 1, 1}; a.mask = m)
 MASKED(extend_mask_sees_later, static const uint8_t m[3] = {1, 3, 3}; a.mask = m)
 /* Accepted: bits past T_b in a row's last byte are ignored; a sequence named twice; no rows at all
- * with q and out NULL; count 0. A backend without extend (the GPU backends) refuses them. */
+ * with q and out NULL; count 0. */
 MASKED(extend_mask_bits_past_tokens, static const uint8_t m[3] = {0xff, 0xf9, 0xfb}; a.mask = m)
 EXTEND(extend_twice, pkv_seq s[3] = {f->b, f->b, f->a}; a.seqs = s)
 EXTEND(extend_no_rows_null, static const uint32_t o[4] = {0, 0, 0, 0}; a.q_offsets = o; a.q = NULL; a.out = NULL;
        a.lse = NULL)
 EXTEND(extend_count_0_null, a.seqs = NULL; a.q_offsets = NULL; a.q = NULL; a.out = NULL; a.count = 0)
+
+/* Extend prepare: the extend's checks except q and out, which it does not read */
+CALL(extend_prepare_pool_null, pkv_extend_args a = good_extend(f); return pkv_extend_prepare(NULL, &a))
+CALL(extend_prepare_args_null, return pkv_extend_prepare(f->pool, NULL))
+SIZED(extend_prepare_sized, pkv_extend_args, mask_bytes, good_extend(f), pkv_extend_prepare(f->pool, a))
+EXTEND_PREPARE(extend_prepare_layer_past_end, a.layer = LAYERS)
+EXTEND_PREPARE(extend_prepare_seqs_null, a.seqs = NULL)
+EXTEND_PREPARE(extend_prepare_offsets_null, a.q_offsets = NULL)
+EXTEND_PREPARE(extend_prepare_freed, pkv_seq s[3] = {f->a, f->b, f->freed}; a.seqs = s)
+EXTEND_PREPARE(extend_prepare_q_heads_3, a.q_heads = 3)
+EXTEND_PREPARE(extend_prepare_scale_nan, a.scale = NAN)
+EXTEND_PREPARE(extend_prepare_offsets_decreasing, static const uint32_t o[4] = {0, 2, 1, 3}; a.q_offsets = o)
+EXTEND_PREPARE(extend_prepare_tokens_past_length, static const uint32_t o[4] = {0, 1, 5, 5}; a.q_offsets = o)
+MASKED_PREPARE(extend_prepare_mask_too_small, a.mask_bytes = 2)
+MASKED_PREPARE(extend_prepare_mask_sees_later, static const uint8_t m[3] = {1, 3, 3}; a.mask = m)
+EXTEND_PREPARE(extend_prepare_q_out_null, a.q = NULL; a.out = NULL; a.lse = NULL)
+MASKED_PREPARE(extend_prepare_masked_q_out_null, a.q = NULL; a.out = NULL)
 
 /* Format conversion */
 static float conv_src[64];
@@ -965,6 +985,22 @@ static const bad_case cases[] = {
     OK(extend_twice),
     OK(extend_no_rows_null),
     OK(extend_count_0_null),
+
+    BAD(extend_prepare_pool_null, INVALID),
+    BAD(extend_prepare_args_null, INVALID),
+    SIZES(extend_prepare_sized, 0),
+    BAD(extend_prepare_layer_past_end, INVALID),
+    BAD(extend_prepare_seqs_null, INVALID),
+    BAD(extend_prepare_offsets_null, INVALID),
+    BAD(extend_prepare_freed, STALE),
+    BAD(extend_prepare_q_heads_3, INVALID),
+    BAD(extend_prepare_scale_nan, INVALID),
+    BAD(extend_prepare_offsets_decreasing, INVALID),
+    BAD(extend_prepare_tokens_past_length, INVALID),
+    BAD(extend_prepare_mask_too_small, INVALID),
+    BAD(extend_prepare_mask_sees_later, INVALID),
+    OK(extend_prepare_q_out_null),
+    OK(extend_prepare_masked_q_out_null),
 
     BAD(prepare_pool_null, INVALID),
     BAD(prepare_args_null, INVALID),

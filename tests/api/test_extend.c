@@ -21,7 +21,8 @@
  *            of 64+ new tokens in tiles of 64 query rows, float K with quantized V left to the
  *            decode kernels) at head_dim 64/128/256, GQA 1..8, every q
  *            and out format, scales that sharpen the softmax: long and short entries in one call, a
- *            forked prefix's children, T_b = 0, pages shuffled.
+ *            forked prefix's children, T_b = 0, pages shuffled; one layer again after
+ *            pkv_extend_prepare, bit for bit.
  * Every case runs on every backend.
  *
  * PKV_TEST_SEED replays a run; PKV_TEST_FILTER picks cases by name. */
@@ -643,6 +644,35 @@ static void plans_case(void **state) {
  * ------------------------------------------------------------------------------------------------- */
 enum { TILES = 12 };
 
+/* pkv_extend_prepare (q and out not read, NULL here) and an extend of the batch that follows give a
+ * direct extend's bits, also where an extend of another batch came between (the prepared plans
+ * replaced, then put back by a second prepare). */
+static void prepared_bits(model *m, const batch *b, uint32_t layer) {
+  batch other = {0}; /* the first entry alone, or with every token of one more */
+  batch_add(&other, b->idx[0], batch_tokens(b, 0));
+  if (b->count > 1) batch_add(&other, b->idx[1], m->len[b->idx[1]]);
+  const size_t rows = batch_rows(m, b), most = rows > batch_rows(m, &other) ? rows : batch_rows(m, &other);
+  const size_t bytes = rows * m->s.head_dim * tu_elem_bytes(m->s.out);
+  void *q = pu_malloc(most * m->s.head_dim * 4), *prepared = pu_malloc(most * m->s.head_dim * 4);
+  void *direct = pu_malloc(bytes);
+  float *direct_lse = pu_malloc(rows * 4), *prepared_lse = pu_malloc(most * 4);
+  random_q(m, rows == most ? b : &other, q);
+  run_extend(m, b, layer, q, direct, direct_lse);
+  pkv_seq seqs[MAX_SEQS + 4];
+  const pkv_extend_args bare = extend_args(m, b, seqs, layer, NULL, NULL, NULL);
+  CHECK_OK(pkv_extend_prepare(m->pool, &bare));
+  run_extend(m, &other, layer, q, prepared, prepared_lse);
+  CHECK_OK(pkv_extend_prepare(m->pool, &bare));
+  run_extend(m, b, layer, q, prepared, prepared_lse);
+  if (memcmp(direct, prepared, bytes) != 0 || memcmp(direct_lse, prepared_lse, rows * 4) != 0)
+    fail_msg("layer %u: the extend after pkv_extend_prepare differs from a direct one", layer);
+  free(q);
+  free(direct);
+  free(prepared);
+  free(direct_lse);
+  free(prepared_lse);
+}
+
 static void tiles_case(void **state) {
   const uint32_t k = (uint32_t)(uintptr_t)*state;
   tu_rng r = tu_rng_stream(g_seed, 7000 + k);
@@ -674,6 +704,7 @@ static void tiles_case(void **state) {
   }
   worst w = {0, 0};
   extend_and_check(&m, &b, "tiles", &w);
+  prepared_bits(&m, &b, tu_below(&m.rng, LAYERS));
   report(&m, &w);
   model_close(&m);
 }

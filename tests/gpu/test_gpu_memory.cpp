@@ -2,10 +2,10 @@
 // it, q (also at an address off 16-byte alignment), out and lse in it. The results must be the same
 // bits as the same calls with host pointers. Sequence images in device and pinned host memory, and
 // pages moved span by span as a transfer engine moves them.
-// And decode captured in a CUDA graph on the engine's stream: replayed after the batch grew (and
-// pkv_decode_prepare put the new plan on the device), it must give the same bits as a direct call;
-// on the HIP backend, which has no kernel that can be captured, the capture is refused; nor where
-// the tensor-core kernel does not fit the device's shared memory.
+// And decode and extend captured in a CUDA graph on the engine's stream: replayed after the batch grew
+// (and pkv_decode_prepare or pkv_extend_prepare put the new plans on the device), they must give the
+// same bits as a direct call; on the HIP backend, which has no kernel that can be captured, the
+// capture is refused; nor where the tensor-core kernel does not fit the device's shared memory.
 // Skipped (visibly) unless the backend in use is CUDA, or HIP on the test stand-in for the HIP runtime
 // (PKV_TEST_HIP_STANDIN set: its device memory is the CUDA driver's too); device memory comes from the
 // CUDA driver through the library's own loader sources, compiled into this test.
@@ -344,6 +344,16 @@ struct EngineStream {
     if (unused) cu.cuGraphDestroy(unused);
     return st;
   }
+  // The same for an extend.
+  pkv_status extend_captured(pkv_pool *pool, const pkv_extend_args &a, std::string *text) {
+    check_cu(cu, cu.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+    const pkv_status st = pkv_extend(pool, &a);
+    *text = pkv_last_error();
+    CUgraph unused = nullptr;
+    cu.cuStreamEndCapture(stream, &unused);
+    if (unused) cu.cuGraphDestroy(unused);
+    return st;
+  }
 };
 
 // The CUDA driver where `backend` has a device (the HIP one only on the stand-in, whose device memory
@@ -472,6 +482,135 @@ void captured_decode_replays_after_the_batch_grows(void **) {
   CHECK_OK(pkv_pool_destroy(pool));
 }
 
+// An extend captured in a graph: an entry of 64+ new tokens (the extend kernel's tiles where the pool's
+// formats take them), one of a few (decode's blocks) and an empty one, in both layers. Each round the
+// sequences grow by some context and the same numbers of new tokens, pkv_extend_prepare puts the new
+// plans on the device, and the replay must give a direct extend's bits (and those of one from host
+// memory). Half the time with a tree mask, which puts every entry on decode's blocks.
+void captured_extend_replays_after_the_batch_grows(void **) {
+  enum : uint32_t { L = 2, KV = 2, Q = 8, B = 3 };
+  tu_rng rng = tu_rng_make(tu_seed());
+  const pkv_format formats[] = {PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0};
+  const uint32_t dims[] = {64, 128, 256};
+  const uint32_t D = dims[tu_below(&rng, 3)];
+  const pkv_pool_desc d = pu_desc(L, KV, D, 16, 1024, B, formats[tu_below(&rng, 4)], formats[tu_below(&rng, 4)]);
+  const uint32_t tokens[B] = {64 + tu_below(&rng, 100), 1 + tu_below(&rng, 20), 0};
+  const bool masked = tu_below(&rng, 2) != 0;
+  print_message("head_dim %u, K %s, V %s, new tokens %u and %u, %s\n", D, pkv_format_name(d.k_format),
+                pkv_format_name(d.v_format), tokens[0], tokens[1], masked ? "tree mask" : "causal");
+
+  const Driver *cu = driver_or_skip(PKV_BACKEND_CUDA);
+  EngineStream e(*cu, PKV_BACKEND_CUDA);
+  DeviceMemory &mem = e.mem;
+  pkv_pool *pool;
+  CHECK_OK(pkv_pool_create(e.ctx, &d, &pool));
+  pkv_seq seqs[B];
+  uint32_t n[B], offsets[B + 1] = {0};
+  for (uint32_t b = 0; b < B; b++) {
+    CHECK_OK(pkv_seq_alloc(pool, &seqs[b]));
+    n[b] = tokens[b] + tu_below(&rng, 300);
+    offsets[b + 1] = offsets[b] + tokens[b];
+  }
+  grow(pool, seqs, n, B, L, KV * D, &rng);
+
+  // A tree: new token i sees itself and a random choice of the earlier ones.
+  std::vector<uint8_t> mask;
+  uint64_t mask_offsets[B];
+  for (uint32_t b = 0; b < B; b++) {
+    const uint32_t t = tokens[b], row = (t + 7) / 8;
+    mask_offsets[b] = mask.size();
+    mask.resize(mask.size() + size_t(t) * row);
+    uint8_t *m = mask.data() + mask_offsets[b];
+    for (uint32_t i = 0; i < t; i++)
+      for (uint32_t j = 0; j <= i; j++)
+        if (j == i || tu_below(&rng, 2)) m[i * row + j / 8] |= uint8_t(1u << (j % 8));
+  }
+
+  const size_t rows = size_t(offsets[B]) * Q, out_n = rows * D;
+  std::vector<float> q(out_n), poison(out_n, NAN), host_out(out_n), host_lse(rows);
+  tu_fill_uniform(&rng, q.data(), q.size(), -2, 2);
+  void *graph_out[L], *graph_lse[L], *direct_out = mem.alloc(out_n * 4), *direct_lse = mem.alloc(rows * 4);
+  for (uint32_t layer = 0; layer < L; layer++) {
+    graph_out[layer] = mem.upload(poison.data(), out_n * 4);
+    graph_lse[layer] = mem.upload(poison.data(), rows * 4);
+  }
+  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+  a.seqs = seqs;
+  a.count = B;
+  a.q_heads = Q;
+  a.q_offsets = offsets;
+  a.memory = PKV_MEMORY_DEVICE;
+  a.q = mem.upload(q.data(), out_n * 4);
+  a.out = direct_out;
+  a.lse = static_cast<float *>(direct_lse);
+  if (masked) {
+    a.mask = mask.data();
+    a.mask_offsets = mask_offsets;
+    a.mask_bytes = mask.size();
+  }
+  pkv_extend_args h = a; // the same from host memory
+  h.memory = PKV_MEMORY_HOST;
+  h.q = q.data(), h.out = host_out.data(), h.lse = host_lse.data();
+
+  // Once directly; then, the sequences grown, a capture is refused until pkv_extend_prepare, and
+  // one from host memory always.
+  CHECK_OK(pkv_extend(pool, &a));
+  grow(pool, seqs, tokens, B, L, KV * D, &rng);
+  std::string text;
+  pu_assert_fails(e.extend_captured(pool, a, &text), PKV_ERR_INVALID_ARGUMENT);
+  if (text.find("pkv_extend_prepare") == std::string::npos) fail_msg("the refusal does not say why: %s", text.c_str());
+  CHECK_OK(pkv_extend_prepare(pool, &a));
+  pu_assert_fails(e.extend_captured(pool, h, &text), PKV_ERR_INVALID_ARGUMENT);
+  check_cu(*cu, cu->cuStreamBeginCapture(e.stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  for (uint32_t layer = 0; layer < L; layer++) {
+    a.layer = layer;
+    a.out = graph_out[layer];
+    a.lse = static_cast<float *>(graph_lse[layer]);
+    if (pkv_extend(pool, &a) != PKV_OK) {
+      CUgraph broken;
+      cu->cuStreamEndCapture(e.stream, &broken);
+      fail_msg("extend while capturing: %s", pkv_last_error());
+    }
+  }
+  CUgraph graph;
+  CUgraphExec exec;
+  check_cu(*cu, cu->cuStreamEndCapture(e.stream, &graph), "cuStreamEndCapture");
+  check_cu(*cu, cu->cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
+
+  for (int round = 0; round < 4; round++) {
+    for (uint32_t b = 0; b < B; b++) n[b] = tu_below(&rng, round == 0 ? 8 : 600);
+    grow(pool, seqs, n, B, L, KV * D, &rng);
+    grow(pool, seqs, tokens, B, L, KV * D, &rng);
+    pu_assert_fails(e.extend_captured(pool, a, &text), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_OK(pkv_extend_prepare(pool, &a));
+    check_cu(*cu, cu->cuGraphLaunch(exec, e.stream), "cuGraphLaunch");
+    for (uint32_t layer = 0; layer < L; layer++) {
+      a.layer = h.layer = layer;
+      a.out = direct_out;
+      a.lse = static_cast<float *>(direct_lse);
+      CHECK_OK(pkv_extend(pool, &a));
+      CHECK_OK(pkv_context_synchronize(e.ctx));
+      const std::vector<float> got = mem.download<float>(graph_out[layer], out_n);
+      const std::vector<float> got_lse = mem.download<float>(graph_lse[layer], rows);
+      for (float x : got)
+        if (std::isnan(x)) fail_msg("round %d layer %u: the replay left an output unwritten", round, layer);
+      if (std::memcmp(got.data(), mem.download<float>(direct_out, out_n).data(), out_n * 4) != 0 ||
+          std::memcmp(got_lse.data(), mem.download<float>(direct_lse, rows).data(), rows * 4) != 0)
+        fail_msg("round %d layer %u: the replayed extend differs from a direct extend", round, layer);
+      CHECK_OK(pkv_extend(pool, &h));
+      if (std::memcmp(host_out.data(), got.data(), out_n * 4) != 0 ||
+          std::memcmp(host_lse.data(), got_lse.data(), rows * 4) != 0)
+        fail_msg("round %d layer %u: an extend from host memory differs from the replay", round, layer);
+      check_cu(*cu, cu->cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(graph_out[layer]), poison.data(), out_n * 4,
+                                          e.stream), "cuMemcpyHtoDAsync");
+      CHECK_OK(pkv_context_synchronize(e.ctx));
+    }
+  }
+  cu->cuGraphExecDestroy(exec);
+  cu->cuGraphDestroy(graph);
+  CHECK_OK(pkv_pool_destroy(pool));
+}
+
 // Decodes two sequences of `n` tokens (fresh random K/V and q) of a pool made by `d` into
 // NaN-poisoned device memory, which must be written in full; then the same decode while the stream
 // captures must be refused as unsupported, with a text containing `why`.
@@ -497,6 +636,21 @@ void capture_is_refused(EngineStream &e, const pkv_pool_desc &d, const uint32_t 
   std::string text;
   pu_assert_fails(e.decode_captured(pool, a, &text), PKV_ERR_UNSUPPORTED);
   if (text.find(why) == std::string::npos) fail_msg("the refusal does not say why: %s", text.c_str());
+
+  // An extend of the sequences' last 1 and 70 tokens, on the decode kernels there: prepared, and its
+  // capture refused the same way.
+  const uint32_t offsets[B + 1] = {0, 1, 71};
+  pkv_extend_args x = PKV_EXTEND_ARGS_INIT;
+  x.seqs = seqs;
+  x.count = B;
+  x.q_heads = Q;
+  x.q_offsets = offsets;
+  x.memory = PKV_MEMORY_DEVICE;
+  x.q = e.mem.alloc(size_t(offsets[B]) * Q * d.head_dim * 4);
+  x.out = e.mem.alloc(size_t(offsets[B]) * Q * d.head_dim * 4);
+  CHECK_OK(pkv_extend_prepare(pool, &x));
+  pu_assert_fails(e.extend_captured(pool, x, &text), PKV_ERR_UNSUPPORTED);
+  if (text.find(why) == std::string::npos) fail_msg("the extend's refusal does not say why: %s", text.c_str());
   CHECK_OK(pkv_pool_destroy(pool));
 }
 
@@ -532,6 +686,7 @@ int main() {
   const struct CMUnitTest tests[] = {cmocka_unit_test(device_pointers_match_host_pointers),
                                      cmocka_unit_test(images_in_device_and_pinned_memory),
                                      cmocka_unit_test(captured_decode_replays_after_the_batch_grows),
+                                     cmocka_unit_test(captured_extend_replays_after_the_batch_grows),
                                      cmocka_unit_test(capture_refused_on_hip),
                                      cmocka_unit_test(tensor_core_kernel_needs_its_shared_memory)};
   return tu_run_tests(tests, nullptr, nullptr);

@@ -261,7 +261,7 @@ pkv_extend_args extend_args(World &w, const pkv_seq *seqs, uint32_t count, const
   return a;
 }
 
-pkv_status extend(World &w, bool masked, bool variants) {
+pkv_status extend(World &w, bool masked, bool variants, bool launch = true) {
   static const uint32_t offsets[5] = {0, 3, 5, 6, 6};
   static const uint8_t mask[6] = {1, 3, 4, 1, 3, 1};
   static const uint64_t mask_offsets[4] = {0, 3, 5, 6};
@@ -274,7 +274,7 @@ pkv_status extend(World &w, bool masked, bool variants) {
     a.mask_bytes = sizeof mask;
   }
   if (variants) set_variants(a);
-  return pkv_extend(w.pool, &a);
+  return launch ? pkv_extend(w.pool, &a) : pkv_extend_prepare(w.pool, &a);
 }
 
 // An extend of 66 new tokens of a 70-token sequence in a pool of F16 pages beside the fixture's:
@@ -292,10 +292,10 @@ void long_sequence(World &w) {
   w.k = rows(kTilesTokens * kQHeads / kKvHeads, 0.5f);
 }
 
-pkv_status extend_tiles(World &w) {
+pkv_status extend_tiles(World &w, bool launch = true) {
   static const uint32_t offsets[2] = {0, kTilesTokens};
   const pkv_extend_args a = extend_args(w, &w.side_seq, 1, offsets);
-  return pkv_extend(w.side_pool, &a);
+  return launch ? pkv_extend(w.side_pool, &a) : pkv_extend_prepare(w.side_pool, &a);
 }
 
 // Where a scenario's call runs: through the API only (it reads, or touches no context or pool), on
@@ -416,6 +416,10 @@ const Scenario kScenarios[] = {
     {"extend_variants", kExtendOut, queries, [](World &w) { return extend(w, false, true); }, true, Reach::device},
     {"extend_masked", kExtendOut, queries, [](World &w) { return extend(w, true, true); }, true, Reach::device},
     {"extend_tiles", kTilesOut, long_sequence, [](World &w) { return extend_tiles(w); }, true, Reach::device},
+    {"extend_prepare", kExtendOut, queries, [](World &w) { return extend(w, true, false, false); }, true,
+     Reach::device},
+    {"extend_tiles_prepare", kTilesOut, long_sequence, [](World &w) { return extend_tiles(w, false); }, true,
+     Reach::device},
     // a's first two pages (of 4 tokens), shared with the fork: only dereferenced.
     {"seq_release_before", 0, [](World &w) { w.a_from = 9; }, [](World &w) {
        return pkv_seq_release_before(w.pool, w.a, 9); }, true, Reach::device},

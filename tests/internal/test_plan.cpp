@@ -319,6 +319,7 @@ class ConfigBackend final : public Backend {
   void scatter(const PoolGeometry &, const ScatterArgs &) override { fail_msg("unexpected scatter"); }
   void gather(const PoolGeometry &, const GatherArgs &) override { fail_msg("unexpected gather"); }
   void prepare_decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected prepare_decode"); }
+  void prepare_extend(const PoolGeometry &, const ExtendBatch &) override { fail_msg("unexpected prepare_extend"); }
   void decode(const PoolGeometry &, const DecodeBatch &) override { fail_msg("unexpected decode"); }
   void extend(const PoolGeometry &, const ExtendBatch &) override { fail_msg("unexpected extend"); }
   void export_image(const PoolGeometry &, const ExportArgs &) override { fail_msg("unexpected export_image"); }
