@@ -574,9 +574,10 @@ PKV_API pkv_status pkv_seq_page_spans(pkv_pool *pool, pkv_seq seq, uint32_t firs
  *
  * The CPU backend computes extend in float32 with an online softmax, as decode; with T_b <= 8 it gives
  * the bits pkv_decode gives with q_tokens = T_b and chunk_pages = UINT32_MAX. The CUDA backend runs
- * an entry of 64 or more new tokens on a kernel of its own (tiles of 64 query rows on the tensor cores,
- * F16, BF16, Q8_0, Q4_0 and FP8 pages, no mask or variant), the rest through its decode kernels, 8 new
- * tokens a work item, as the HIP backend runs every entry (docs/api.md says which pairs take which).
+ * an entry of 64 or more new tokens on a kernel of its own (tiles of 64 query rows on the tensor cores;
+ * F16, BF16, Q8_0 and FP8 pages, Q4_0 K at head_dim 256; no mask or variant), the rest through its
+ * decode kernels, 8 new tokens a work item, as the HIP backend runs every entry (docs/api.md says
+ * which pairs take which).
  *
  * The attention variants of section 7a (a sliding window, logit soft-capping, attention sinks, ALiBi
  * slopes) apply here as in pkv_decode: the window on top of causality or the mask.

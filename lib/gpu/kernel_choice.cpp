@@ -166,9 +166,13 @@ uint32_t KernelChoice::extend_q_parts(const PoolGeometry &g, pkv_format q_format
 Function KernelChoice::extend(const PoolGeometry &g, uint32_t q_parts) {
   const uint32_t D = g.head_dim;
   // Float K with quantized V stays on the decode kernels, which keep V's values exact (a widened
-  // value rounded to f16 would pass the precision float K keeps).
+  // value rounded to f16 would pass the precision float K keeps). So does Q4_0 K below head_dim 256:
+  // there the decode kernels' int8 MMAs beat widening its rows (H100, head_dim 128 prefills of Q4_0
+  // pages: 764 against 967 us; Q8_0 even, F16 1.9x faster on this kernel; docs/perf/decisions.md).
   const bool formats = g.k.format != PKV_FORMAT_F32 && g.v.format != PKV_FORMAT_F32 &&
-                       is_fp8(g.k.format) == is_fp8(g.v.format) && (is_quantized(g.k.format) || !is_quantized(g.v.format));
+                       is_fp8(g.k.format) == is_fp8(g.v.format) &&
+                       (is_quantized(g.k.format) || !is_quantized(g.v.format)) &&
+                       (g.k.format != PKV_FORMAT_Q4_0 || D == 256);
   if (!extend_ || !policy_.extend_tiles || !formats || !(D == 64 || D == 128 || D == 256)) return nullptr;
   Looked &kept = extend_functions_[D / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16][q_parts - 1];
   if (kept.done) return kept.fn;

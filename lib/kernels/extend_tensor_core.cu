@@ -320,8 +320,9 @@ template <int D, uint32_t SKF, uint32_t SVF, int QP> __device__ void extend_mma(
 
 // pkv_extend_mma_<head_dim>_<k format>_<v format>_<q parts>, formats numbered as in pkv_format: F16 or
 // BF16 K with F16 or BF16 V, q in two parts or one; quantized K with any V but FP8 and F32, q in one
-// part; FP8 K with FP8 V, q in two parts or one. (Float K with quantized V is left to the decode
-// kernels: a widened V value's rounding to f16 would pass the precision float K keeps.)
+// part (Q4_0 K at head_dim 256 only); FP8 K with FP8 V, q in two parts or one. (Float K with quantized
+// V is left to the decode kernels: a widened V value's rounding to f16 would pass the precision float K
+// keeps. So is Q4_0 K at head_dim 64 and 128: KernelChoice::extend says why.)
 #define PKV_EXTEND_KERNEL(D, KF, VF, QP)                                                                     \
   extern "C" __global__ void __launch_bounds__(EXTEND_THREADS)                                               \
       pkv_extend_mma_##D##_##KF##_##VF##_##QP(PkvExtendParams p) {                                           \
@@ -332,7 +333,8 @@ template <int D, uint32_t SKF, uint32_t SVF, int QP> __device__ void extend_mma(
 #define PKV_EXTEND_QV(D, KF) PKV_EXTEND_Q1(D, KF, 2) PKV_EXTEND_Q1(D, KF, 3) PKV_EXTEND_Q1(D, KF, 4) PKV_EXTEND_Q1(D, KF, 5)
 #define PKV_EXTEND_D(D)                                                                                      \
   PKV_EXTEND_Q(D, 2, 2) PKV_EXTEND_Q(D, 2, 3) PKV_EXTEND_Q(D, 3, 2) PKV_EXTEND_Q(D, 3, 3) PKV_EXTEND_QV(D, 4)  \
-  PKV_EXTEND_QV(D, 5) PKV_EXTEND_Q(D, 6, 6) PKV_EXTEND_Q(D, 6, 7) PKV_EXTEND_Q(D, 7, 6) PKV_EXTEND_Q(D, 7, 7)
+  PKV_EXTEND_Q(D, 6, 6) PKV_EXTEND_Q(D, 6, 7) PKV_EXTEND_Q(D, 7, 6) PKV_EXTEND_Q(D, 7, 7)
 PKV_EXTEND_D(64)
 PKV_EXTEND_D(128)
 PKV_EXTEND_D(256)
+PKV_EXTEND_QV(256, 5)
