@@ -127,14 +127,15 @@ PKV_ALWAYS_INLINE void accumulate_part(float *acc, const float *correction, cons
     }
 }
 
-// Four vectors of each row at a time (eight chains hide the multiply-adds' latency); with 16 lanes a
-// head_dim that is an odd multiple of 32 ends with two.
+// Four vectors of each row at a time (eight chains hide the multiply-adds' latency), two for four
+// rows on 16-register sets; with 16 lanes a head_dim that is an odd multiple of 32 ends with two.
 template <int W, int R>
 PKV_ALWAYS_INLINE void accumulate(float *acc, const float *correction, const float *w, const float *v, uint32_t n,
                                   uint32_t D) {
+  constexpr int V = R == 4 && W < 16 ? 2 : 4;
   uint32_t d = 0;
-  for (; d + 4 * W <= D; d += 4 * W) accumulate_part<W, R, 4>(acc, correction, w, v, n, D, d);
-  if constexpr (W == 16)
+  for (; d + V * W <= D; d += V * W) accumulate_part<W, R, V>(acc, correction, w, v, n, D, d);
+  if constexpr (W == 16 && V == 4)
     for (; d < D; d += 2 * W) accumulate_part<W, R, 2>(acc, correction, w, v, n, D, d);
 }
 
@@ -470,7 +471,7 @@ template <class Isa> PKV_ALWAYS_INLINE void attend(const AttendTask &task) {
   values.resize(size_t(kTokenBlock) * D);
   m.assign(rows, neg_inf);
   l.assign(rows, 0.0f);
-  scores.resize(2 * kTokenBlock);
+  scores.resize(4 * kTokenBlock); // a row block of up to four rows
 
   // Positions in 64 bits: a range may end within a block of 2^32, where 32-bit ones would wrap.
   const uint64_t end = t.end;
@@ -483,14 +484,15 @@ template <class Isa> PKV_ALWAYS_INLINE void attend(const AttendTask &task) {
       const uint64_t visible = t.views[r / group].end;
       return visible <= t0 ? 0 : uint32_t(std::min<uint64_t>(n, visible - t0));
     };
-    // Rows in pairs where both see as many tokens: all but a pair straddling two query tokens in the
-    // block where the first one's visible positions end.
+    // Rows in fours, else pairs, where all see as many tokens (rows see more the later their query
+    // token, so the last one's count decides): each value row loaded serves them all.
     for (uint32_t r = 0; r < rows;) {
       const uint32_t nv = seen(r);
-      const bool pair = r + 1 < rows && seen(r + 1) == nv;
-      if (nv > 0 && pair) update_rows<W, 2>(t, r, nv, t0);
+      const uint32_t R = r + 3 < rows && seen(r + 3) == nv ? 4 : r + 1 < rows && seen(r + 1) == nv ? 2 : 1;
+      if (nv > 0 && R == 4) update_rows<W, 4>(t, r, nv, t0);
+      else if (nv > 0 && R == 2) update_rows<W, 2>(t, r, nv, t0);
       else if (nv > 0) update_rows<W, 1>(t, r, nv, t0);
-      r += pair ? 2 : 1;
+      r += R;
     }
   }
   for (uint32_t r = 0; r < rows; r++) {
