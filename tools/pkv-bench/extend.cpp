@@ -15,10 +15,13 @@ const ExtendItem kExtends[4] = {
     {"prefix-8x128-over-2K", 8, 2048, 128, true, false},
     {"tree-4x32-over-4K", 4, 4096, 32, false, true},
 };
-const ExtendItem kExtendsFull[5] = {
+// chunk-1x64-over-128K: a chunk the GPU extend kernel takes as 4 tiles a KV head, each reading the whole
+// context (it splits no context), where decode's blocks split it.
+const ExtendItem kExtendsFull[6] = {
     {"prefill-1x4K", 1, 0, 4096, false, false},
     {"prefill-8x2K", 8, 0, 2048, false, false},
     {"chunk-8x512-over-32K", 8, 32768, 512, false, false},
+    {"chunk-1x64-over-128K", 1, 131072, 64, false, false},
     {"prefix-32x256-over-4K", 32, 4096, 256, true, false},
     {"tree-8x64-over-32K", 8, 32768, 64, false, true},
 };

@@ -86,7 +86,7 @@ struct ExtendItem {
   bool tree;   // random tree masks rather than causal attention
 };
 extern const ExtendItem kExtends[4];     // the default run's (sized for a CPU)
-extern const ExtendItem kExtendsFull[5]; // --full's
+extern const ExtendItem kExtendsFull[6]; // --full's
 
 struct ExtendResult {
   const ExtendItem *item = nullptr;
