@@ -175,6 +175,22 @@ template <int W> PKV_ALWAYS_INLINE float weights(float *p, uint32_t n, float top
   return total;
 }
 
+// p[i] *= scale for i < n, and the largest of them (a NaN never is, as in std::max(top, p[i])).
+template <int W> PKV_ALWAYS_INLINE float scale_scores(float *p, uint32_t n, float scale) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  Floats<W> tops = Floats<W>{} + neg_inf;
+  uint32_t i = 0;
+  for (; i + W <= n; i += W) {
+    const Floats<W> v = load<W>(p + i) * scale;
+    store<W>(p + i, v);
+    tops = tops < v ? v : tops;
+  }
+  float top = neg_inf;
+  for (int j = 0; j < W; j++) top = std::max(top, tops[j]);
+  for (; i < n; i++) top = std::max(top, p[i] *= scale);
+  return top;
+}
+
 // The instruction sets a variant is compiled for: W floats a vector, and F16 rows to floats by the
 // widest conversion the set has (every conversion here is exact, so every variant decodes a row to
 // the same floats).
@@ -436,7 +452,7 @@ template <int W, int R> PKV_ALWAYS_INLINE void update_rows(const AttendTask &t, 
     const TokenView &view = t.views[(r + j) / group];
     float block_max = neg_inf;
     if (t.softcap == 0.0f && !t.slopes && view.begin <= t0)
-      for (uint32_t i = 0; i < nv; i++) block_max = std::max(block_max, pj[i] *= t.scale);
+      block_max = scale_scores<W>(pj, nv, t.scale);
     else
       block_max = shape_scores<W>(pj, nv, t0, view, t.scale, t.softcap, t.slopes ? t.slopes[(r + j) % group] : 0.0f);
     if (view.mask_row && t0 + nv > view.mask_from) block_max = apply_mask(pj, nv, t0, view);
