@@ -2,7 +2,8 @@
  * crash, and under the sanitizer build no report); a failed call says why and leaves the pool's
  * statistics and every sequence's length as they were. Arguments are drawn to be wrong now and then:
  * stale, zero or foreign handles, null arrays, layers and formats out of range, lengths past the
- * pool, q_tokens past 8, q_heads not a multiple of kv_heads; rows and q hold random bits in their
+ * pool, q_tokens past 8, q_heads not a multiple of kv_heads, extends (and their prepare) of more new
+ * tokens than a sequence holds or offsets not from 0; rows and q hold random bits in their
  * source format now and then (NaNs and infinities among them). test_bad_input names each bad input
  * once; this mixes them with valid calls in random orders. A second test runs the fuzzer's driver
  * (tests/support/api_model.cpp) on random bytes, which checks successful calls against a reference
@@ -77,7 +78,7 @@ static pkv_status random_call(const pkv_pool_desc *d) {
     n[k] = below(now_and_then() ? 5000 : 6);
     total += k < count ? n[k] : 0;
   }
-  switch (below(8)) {
+  switch (below(9)) {
   case 0: {
     pkv_seq s;
     const pkv_status st = pkv_seq_alloc(pool, &s);
@@ -121,6 +122,28 @@ static pkv_status random_call(const pkv_pool_desc *d) {
     a.k = below(4) ? out : NULL;
     a.v = below(4) ? out + FLOATS / 2 : NULL;
     return pkv_read(pool, &a);
+  }
+  case 7: {
+    /* New tokens of each entry: mostly a few (past a sequence's length now and then), now and then
+     * its n; the offsets NULL or decreasing at times. */
+    uint32_t offsets[5] = {0};
+    for (uint32_t k = 0; k < count; k++) offsets[k + 1] = offsets[k] + (now_and_then() ? n[k] : below(4));
+    if (count && now_and_then()) offsets[1] = offsets[0] + 1, offsets[0] = 1;
+    pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+    a.layer = below(d->layers + 1);
+    a.seqs = now_and_then() ? NULL : b;
+    a.count = count;
+    a.q_heads = d->kv_heads * below(5) + (now_and_then() ? 1 : 0);
+    a.q_offsets = now_and_then() ? NULL : offsets;
+    a.q_format = some_format();
+    a.out_format = some_format();
+    a.scale = now_and_then() ? NAN : 0.0f;
+    const size_t q = (size_t)offsets[count] * a.q_heads * d->head_dim;
+    if (2 * q + (size_t)offsets[count] * a.q_heads > FLOATS) return PKV_OK; /* not drawn */
+    a.q = now_and_then() ? NULL : values(q);
+    a.out = now_and_then() ? NULL : out;
+    a.lse = below(2) ? out + q : NULL;
+    return below(4) ? pkv_extend(pool, &a) : pkv_extend_prepare(pool, &a);
   }
   default: {
     pkv_decode_args a = PKV_DECODE_ARGS_INIT;
