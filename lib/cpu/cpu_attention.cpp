@@ -222,21 +222,23 @@ struct Generic : VectorIsa<4> {
   }
 };
 
-// FP8 codes as F16 bits (format.hpp's fp8_to_f32): E5M2 shifted up a byte; E4M3's fields moved into
-// an F16's, which then holds 2^-8 times the value, and its NaN code made an F16 NaN. Lanes of 16-bit
-// integers, whatever the instruction set.
-#if defined(__x86_64__)
-template <pkv_format F> PKV_ALWAYS_INLINE __m128i fp8_as_f16(__m128i w) {
-  if constexpr (F == PKV_FORMAT_FP8_E5M2) return _mm_slli_epi16(w, 8);
-  const __m128i low = _mm_and_si128(w, _mm_set1_epi16(0x7f));
-  const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(low, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
-  return _mm_or_si128(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8), _mm_slli_epi16(low, 7)), nan);
-}
-#endif
-
 #if defined(__x86_64__)
 #define PKV_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PKV_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+
+// 16 FP8 codes (in 16-bit lanes) as F16 bits (format.hpp's fp8_to_f32): E5M2 shifted up a byte;
+// E4M3's fields moved into an F16's, which then holds 2^-8 times the value, and its NaN code made an
+// F16 NaN.
+template <pkv_format F> PKV_AVX2 inline __m256i fp8_as_f16(__m256i w) {
+  if constexpr (F == PKV_FORMAT_FP8_E5M2) return _mm256_slli_epi16(w, 8);
+  const __m256i low = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+  const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(low, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7e00));
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
+  return _mm256_or_si256(_mm256_or_si256(sign, _mm256_slli_epi16(low, 7)), nan);
+}
+template <pkv_format F> PKV_AVX2 inline __m256i fp8_codes_as_f16(const uint8_t *src) {
+  return fp8_as_f16<F>(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src))));
+}
 // Plain inline, not always_inline: GCC and Clang inline a function of a narrower target into one of
 // a wider target, but refuse always_inline through the template in between.
 struct Avx2 : VectorIsa<8> {
@@ -252,9 +254,10 @@ struct Avx2 : VectorIsa<8> {
   }
   template <pkv_format F> PKV_AVX2 static inline void fp8_row(const uint8_t *src, uint32_t n, float *dst) {
     const __m256 unit = _mm256_set1_ps(F == PKV_FORMAT_FP8_E4M3 ? 256.0f : 1.0f);
-    for (uint32_t i = 0; i < n; i += 8) {
-      const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(src + i)));
-      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(fp8_as_f16<F>(w)), unit));
+    for (uint32_t i = 0; i < n; i += 16) {
+      const __m256i h = fp8_codes_as_f16<F>(src + i);
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), unit));
+      _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), unit));
     }
   }
 };
@@ -270,9 +273,10 @@ struct Avx512 : VectorIsa<16> {
       _mm512_storeu_ps(dst + j, _mm512_mul_ps(f, _mm512_set1_ps(s)));
     }
   }
-  // Eight codes at a time, as AVX2's: 16 would need AVX-512's own 16-bit logic for one step of few.
   template <pkv_format F> PKV_AVX512 static inline void fp8_row(const uint8_t *src, uint32_t n, float *dst) {
-    Avx2::fp8_row<F>(src, n, dst);
+    const __m512 unit = _mm512_set1_ps(F == PKV_FORMAT_FP8_E4M3 ? 256.0f : 1.0f);
+    for (uint32_t i = 0; i < n; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xffff, fp8_codes_as_f16<F>(src + i)), unit));
   }
 };
 #elif defined(__aarch64__)
