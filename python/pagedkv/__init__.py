@@ -473,22 +473,27 @@ class Pool:
 
     def decode(self, layer: int, seqs: SequenceT["Sequence"], q: Any, *, out: Any = None, lse: Any = None,
                scale: float = 0.0, chunk_pages: int = 0, window: int = 0, softcap: float = 0.0,
-               sinks: Any = None, alibi_slopes: Any = None) -> Any:
+               sinks: Any = None, alibi_slopes: Any = None, prepare: bool = False) -> Any:
         """Attention of q over each sequence's cached tokens for one layer. q is [count, q_heads,
         head_dim], or [count, q_tokens, q_heads, head_dim] with q_tokens 1..8 (query token t of a
         sequence of length L sees positions 0..L - q_tokens + t). Returns out (q's shape and dtype, or
         the array given), or (out, lse) when lse is True or an array (float32, q's shape without
         head_dim). scale 0 means 1/sqrt(head_dim). A sequence may appear more than once. The
         variants (pagedkv.h, section 7a; each off at its default): window (positions), softcap, sinks
-        and alibi_slopes (one value per query head each, where q is)."""
+        and alibi_slopes (one value per query head each, where q is). prepare=True calls
+        pkv_decode_prepare instead, for a decode captured in a CUDA graph (docs/api.md): the batch's
+        plan goes on the device, q, out and lse give only their shapes, formats and memory, nothing is
+        attended, and it returns None."""
         args, _q, ob, lb = self._decode_args(layer, seqs, q, out, lse, scale, chunk_pages)
         _kept = self._variants(args, args.q_heads, window, softcap, sinks, alibi_slopes)
-        _call("pkv_decode", self._handle(), ctypes.byref(args))
+        _call("pkv_decode_prepare" if prepare else "pkv_decode", self._handle(), ctypes.byref(args))
+        if prepare:
+            return None
         return (ob.array, lb.array) if lb else ob.array
 
     def extend(self, layer: int, seqs: SequenceT["Sequence"], tokens: SequenceT[int], q: Any, *, out: Any = None,
                lse: Any = None, scale: float = 0.0, masks: Optional[SequenceT[Any]] = None, window: int = 0,
-               softcap: float = 0.0, sinks: Any = None, alibi_slopes: Any = None) -> Any:
+               softcap: float = 0.0, sinks: Any = None, alibi_slopes: Any = None, prepare: bool = False) -> Any:
         """Attention of each sequence's newest tokens[b] positions (already appended and written) over
         all it holds, for one layer (pkv_extend): chunked prefill, new tokens after a prefix hit,
         speculative chains and trees. q is [sum(tokens), q_heads, head_dim], sequence b's queries
@@ -497,7 +502,7 @@ class Pool:
         query i sees: itself and none after it), every position before the new tokens and the new
         tokens its row marks. Returns out (q's shape and dtype, or the array given), or (out, lse)
         when lse is True or an array (float32, q's shape without head_dim). A sequence may appear
-        more than once. The variants are decode's."""
+        more than once. The variants and prepare=True (pkv_extend_prepare) are decode's."""
         import numpy as np
 
         if len(tokens) != len(seqs):
@@ -526,7 +531,9 @@ class Pool:
             mask_offsets = (_ffi.U64 * len(seqs))(*starts.tolist())
             packed = np.ascontiguousarray(np.concatenate(rows) if rows else np.zeros(0, np.uint8))  # lives past the call
             args.mask, args.mask_offsets, args.mask_bytes = packed.ctypes.data, mask_offsets, packed.size
-        _call("pkv_extend", self._handle(), ctypes.byref(args))
+        _call("pkv_extend_prepare" if prepare else "pkv_extend", self._handle(), ctypes.byref(args))
+        if prepare:
+            return None
         return (ob.array, lb.array) if lb else ob.array
 
     def _export_args(self, seq: "Sequence", first_layer: int, layer_count: int) -> Any:

@@ -219,6 +219,29 @@ def test_extend_gives_decodes_bits(rng):
         np.testing.assert_array_equal(out.reshape(q.shape), pool.decode(0, seqs, q, chunk_pages=2**32 - 1))
 
 
+def test_prepare_attends_nothing(rng):
+    """prepare=True (pkv_decode_prepare, pkv_extend_prepare) returns None, leaves out as it was, checks
+    what the call checks, and the call that follows gives the bits it gives without it."""
+    with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
+        seqs = [pool.alloc() for _ in range(2)]
+        pool.append(seqs, [20, 11])
+        pool.write(0, seqs, [20, 11], rng.standard_normal((31, 2, 32)), rng.standard_normal((31, 2, 32)))
+        q = rng.standard_normal((7, 4, 32)).astype(np.float32)
+        direct = pool.extend(0, seqs, [4, 3], q)
+        out = np.full_like(q, np.nan)
+        assert pool.extend(0, seqs, [4, 3], q, out=out, prepare=True) is None
+        assert np.isnan(out).all()
+        np.testing.assert_array_equal(pool.extend(0, seqs, [4, 3], q, out=out), direct)
+        with pytest.raises(pagedkv.InvalidArgumentError, match="fewer than its 12 queries"):
+            pool.extend(0, seqs, [4, 12], np.zeros((16, 4, 32), np.float32), prepare=True)
+        qd = rng.standard_normal((2, 4, 32)).astype(np.float32)
+        direct = pool.decode(0, seqs, qd)
+        out = np.full_like(qd, np.nan)
+        assert pool.decode(0, seqs, qd, out=out, prepare=True) is None
+        assert np.isnan(out).all()
+        np.testing.assert_array_equal(pool.decode(0, seqs, qd, out=out), direct)
+
+
 def test_extend_refuses_bad_input(rng):
     with pagedkv.Context(backend="cpu") as ctx, cpu_pool(ctx) as pool:
         s = pool.alloc()
