@@ -69,7 +69,7 @@ class Model {
   // One call and the checks after it.
   void step(uint32_t call) {
     call_ = call;
-    switch (in_.next(11)) {
+    switch (in_.next(12)) {
     case 0: alloc(); break;
     case 1: free_one(); break;
     case 2: fork(); break;
@@ -80,6 +80,7 @@ class Model {
     case 7: decode(); break;
     case 8: swap(); break;
     case 9: release_before(); break;
+    case 10: extend(); break;
     default: bad_call(); break;
     }
     check_state();
@@ -360,6 +361,46 @@ class Model {
             test_failure("call %u: decode of a sequence of %u tokens gave %g", call_, b.s[i]->len, double(o));
         }
       }
+  }
+
+  // An extend of each entry's newest b.n tokens (up to a sequence's length, one past it now and then),
+  // half of them windowed, half of them prepares: the same checks, nothing attended.
+  void extend() {
+    Batch b = batch(2 * d_.page_size);
+    const uint32_t q_heads = d_.kv_heads * (1 + in_.next(3));
+    const uint32_t window = in_.next(2) ? 1 + in_.next(2 * d_.page_size) : 0;
+    const bool prepare = in_.next(2) != 0;
+    pkv_status want = b.stale ? PKV_ERR_STALE_HANDLE : PKV_OK;
+    uint32_t offsets[4] = {0};
+    for (uint32_t i = 0; i < b.count; i++) {
+      if (b.s[i] && in_.next(2)) b.n[i] = in_.next(b.s[i]->len + 2);
+      offsets[i + 1] = offsets[i] + b.n[i];
+      if (b.stale) continue;
+      const uint32_t len = b.s[i]->len, first = len - b.n[i];
+      const uint32_t first_seen = window && first >= window ? first + 1 - window : 0;
+      if (b.n[i] > len || (b.n[i] > 0 && first_seen < b.s[i]->released)) want = PKV_ERR_INVALID_ARGUMENT;
+    }
+    const size_t rows = size_t(offsets[b.count]) * q_heads;
+    std::vector<float> q(std::max<size_t>(rows, 1) * d_.head_dim, 0.25f), out(q.size(), NAN), lse(q.size(), NAN);
+    pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+    a.seqs = b.h;
+    a.count = b.count;
+    a.q_heads = q_heads;
+    a.q_offsets = offsets;
+    a.q = q.data();
+    a.out = out.data();
+    a.lse = lse.data();
+    a.window = window;
+    expect(prepare ? pkv_extend_prepare(pool_, &a) : pkv_extend(pool_, &a), want, prepare ? "extend_prepare" : "extend");
+    for (size_t r = 0; r < rows; r++) {
+      const bool written = want == PKV_OK && !prepare;
+      if (written ? !std::isfinite(lse[r]) : !std::isnan(lse[r]))
+        test_failure("call %u: %s gave lse %g in row %zu", call_, prepare ? "extend_prepare" : "extend", double(lse[r]), r);
+      for (uint32_t e = 0; e < d_.head_dim; e++)
+        if (written ? !std::isfinite(out[r * d_.head_dim + e]) : !std::isnan(out[r * d_.head_dim + e]))
+          test_failure("call %u: %s gave %g in row %zu", call_, prepare ? "extend_prepare" : "extend",
+                       double(out[r * d_.head_dim + e]), r);
+    }
   }
 
   // Arguments wrong in one way each: all refused, nothing changed.
