@@ -220,16 +220,8 @@ static void attend(const model *m, uint32_t l, uint32_t fresh, double k_factor, 
   for (uint32_t h = 0; h < KV_HEADS; h++) k_size = fmax(k_size, m->scales[0][l][h]);
   const float scale = (float)(1.0 / (64.0 * k_size * k_factor * sqrt((double)hd)));
   if (extend) {
-    pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
-    a.layer = l;
-    a.seqs = m->seq;
-    a.count = SEQS;
-    a.q_heads = Q_HEADS;
-    a.q_offsets = offsets;
+    pkv_extend_args a = pu_extend_args(l, m->seq, SEQS, Q_HEADS, offsets, q, out, lse);
     a.scale = scale;
-    a.q = q;
-    a.out = out;
-    a.lse = lse;
     CHECK_OK(pkv_extend(m->pool, &a));
   } else {
     pkv_decode_args a = pu_decode_args(l, m->seq, SEQS, Q_HEADS, q, out, lse);

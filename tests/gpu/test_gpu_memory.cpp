@@ -333,26 +333,22 @@ struct EngineStream {
     pkv_context_destroy(ctx);
     cu.cuStreamDestroy(stream);
   }
-  // A decode issued while the stream captures a graph (the graph is dropped): its status, and in
-  // *text what pkv_last_error() said.
-  pkv_status decode_captured(pkv_pool *pool, const pkv_decode_args &a, std::string *text) {
+  // A call issued while the stream captures a graph (the graph is dropped): its status, and in *text
+  // what pkv_last_error() said.
+  template <class Call> pkv_status captured(Call call, std::string *text) {
     check_cu(cu, cu.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-    const pkv_status st = pkv_decode(pool, &a);
+    const pkv_status st = call();
     *text = pkv_last_error();
     CUgraph unused = nullptr;
     cu.cuStreamEndCapture(stream, &unused);
     if (unused) cu.cuGraphDestroy(unused);
     return st;
   }
-  // The same for an extend.
+  pkv_status decode_captured(pkv_pool *pool, const pkv_decode_args &a, std::string *text) {
+    return captured([&] { return pkv_decode(pool, &a); }, text);
+  }
   pkv_status extend_captured(pkv_pool *pool, const pkv_extend_args &a, std::string *text) {
-    check_cu(cu, cu.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-    const pkv_status st = pkv_extend(pool, &a);
-    *text = pkv_last_error();
-    CUgraph unused = nullptr;
-    cu.cuStreamEndCapture(stream, &unused);
-    if (unused) cu.cuGraphDestroy(unused);
-    return st;
+    return captured([&] { return pkv_extend(pool, &a); }, text);
   }
 };
 
@@ -534,15 +530,9 @@ void captured_extend_replays_after_the_batch_grows(void **) {
     graph_out[layer] = mem.upload(poison.data(), out_n * 4);
     graph_lse[layer] = mem.upload(poison.data(), rows * 4);
   }
-  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
-  a.seqs = seqs;
-  a.count = B;
-  a.q_heads = Q;
-  a.q_offsets = offsets;
+  pkv_extend_args a = pu_extend_args(0, seqs, B, Q, offsets, mem.upload(q.data(), out_n * 4), direct_out,
+                                     static_cast<float *>(direct_lse));
   a.memory = PKV_MEMORY_DEVICE;
-  a.q = mem.upload(q.data(), out_n * 4);
-  a.out = direct_out;
-  a.lse = static_cast<float *>(direct_lse);
   if (masked) {
     a.mask = mask.data();
     a.mask_offsets = mask_offsets;
@@ -640,14 +630,9 @@ void capture_is_refused(EngineStream &e, const pkv_pool_desc &d, const uint32_t 
   // An extend of the sequences' last 1 and 70 tokens, on the decode kernels there: prepared, and its
   // capture refused the same way.
   const uint32_t offsets[B + 1] = {0, 1, 71};
-  pkv_extend_args x = PKV_EXTEND_ARGS_INIT;
-  x.seqs = seqs;
-  x.count = B;
-  x.q_heads = Q;
-  x.q_offsets = offsets;
+  const size_t x_bytes = size_t(offsets[B]) * Q * d.head_dim * 4;
+  pkv_extend_args x = pu_extend_args(0, seqs, B, Q, offsets, e.mem.alloc(x_bytes), e.mem.alloc(x_bytes), nullptr);
   x.memory = PKV_MEMORY_DEVICE;
-  x.q = e.mem.alloc(size_t(offsets[B]) * Q * d.head_dim * 4);
-  x.out = e.mem.alloc(size_t(offsets[B]) * Q * d.head_dim * 4);
   CHECK_OK(pkv_extend_prepare(pool, &x));
   pu_assert_fails(e.extend_captured(pool, x, &text), PKV_ERR_UNSUPPORTED);
   if (text.find(why) == std::string::npos) fail_msg("the extend's refusal does not say why: %s", text.c_str());

@@ -250,15 +250,8 @@ constexpr size_t kExtendOut = kExtendQueries * kQHeads * (kHeadDim + 1) * sizeof
 // An extend of `count` entries of `seqs` whose new tokens `offsets` gives, q from w.k, out and lse
 // (after out) into w.out.
 pkv_extend_args extend_args(World &w, const pkv_seq *seqs, uint32_t count, const uint32_t *offsets) {
-  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
-  a.seqs = seqs;
-  a.count = count;
-  a.q_heads = kQHeads;
-  a.q_offsets = offsets;
-  a.q = w.k.data();
-  a.out = w.out.data();
-  a.lse = reinterpret_cast<float *>(w.out.data()) + size_t(offsets[count]) * kQHeads * kHeadDim;
-  return a;
+  return pu_extend_args(0, seqs, count, kQHeads, offsets, w.k.data(), w.out.data(),
+                        reinterpret_cast<float *>(w.out.data()) + size_t(offsets[count]) * kQHeads * kHeadDim);
 }
 
 pkv_status extend(World &w, bool masked, bool variants, bool launch = true) {

@@ -382,14 +382,7 @@ class Model {
     }
     const size_t rows = size_t(offsets[b.count]) * q_heads;
     std::vector<float> q(std::max<size_t>(rows, 1) * d_.head_dim, 0.25f), out(q.size(), NAN), lse(q.size(), NAN);
-    pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
-    a.seqs = b.h;
-    a.count = b.count;
-    a.q_heads = q_heads;
-    a.q_offsets = offsets;
-    a.q = q.data();
-    a.out = out.data();
-    a.lse = lse.data();
+    pkv_extend_args a = pu_extend_args(0, b.h, b.count, q_heads, offsets, q.data(), out.data(), lse.data());
     a.window = window;
     expect(prepare ? pkv_extend_prepare(pool_, &a) : pkv_extend(pool_, &a), want, prepare ? "extend_prepare" : "extend");
     for (size_t r = 0; r < rows; r++) {

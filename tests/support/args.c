@@ -52,3 +52,17 @@ pkv_decode_args pu_decode_args(uint32_t layer, const pkv_seq *seqs, uint32_t cou
   a.lse = lse;
   return a;
 }
+
+pkv_extend_args pu_extend_args(uint32_t layer, const pkv_seq *seqs, uint32_t count, uint32_t q_heads,
+                               const uint32_t *q_offsets, const void *q, void *out, float *lse) {
+  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
+  a.layer = layer;
+  a.seqs = seqs;
+  a.count = count;
+  a.q_heads = q_heads;
+  a.q_offsets = q_offsets;
+  a.q = q;
+  a.out = out;
+  a.lse = lse;
+  return a;
+}

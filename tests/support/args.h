@@ -31,6 +31,12 @@ pkv_read_args pu_read_args(uint32_t layer, pkv_seq seq, uint32_t start, uint32_t
 pkv_decode_args pu_decode_args(uint32_t layer, const pkv_seq *seqs, uint32_t count, uint32_t q_heads, const void *q,
                                void *out, float *lse);
 
+/* pkv_extend_args for `count` entries of `layer` whose new tokens q_offsets gives, q_heads query heads
+ * each, causal, F32 q and out in host memory, and lse (NULL: none); the other fields as
+ * PKV_EXTEND_ARGS_INIT sets them. */
+pkv_extend_args pu_extend_args(uint32_t layer, const pkv_seq *seqs, uint32_t count, uint32_t q_heads,
+                               const uint32_t *q_offsets, const void *q, void *out, float *lse);
+
 #ifdef __cplusplus
 }
 #endif
