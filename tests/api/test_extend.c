@@ -380,10 +380,11 @@ static const shape few[] = {
 
 /* The chunks and the whole call sum the same terms, so they agree within a bound and the output
  * format's rounding: 1e-5 on the CPU backend; a GPU backend may split them into other split-K chunks
- * (its plans follow each call's shape): 3e-5 (1.07e-5 measured, H100, 500 tokens of BF16 K in 7
- * chunks); and with quantized K a chunk of 64+ new tokens runs on the extend kernel, which rounds K's
- * values to f16 where the decode kernels quantize q to int8 in two parts, moving a logit by up to
- * ~2^-11 of its size: 1e-3 (1.8e-4 measured on lse, Q8_0 K at head_dim 64). */
+ * (its plans follow each call's shape): 3e-5 (1.07e-5 measured for 500 tokens of BF16 K in 7 chunks);
+ * and with quantized K a chunk of 64+ new tokens runs on the extend kernel, which rounds K's values
+ * to f16 where the decode kernels quantize q to int8 in two parts, moving a logit by up to ~2^-11 of
+ * its size: 1e-3 (1.8e-4 measured on lse, Q8_0 K at head_dim 64). Both on an H100, 2026-12-07,
+ * test_extend of 4608525 (docs/cuda.md). */
 static double agree_bound(const shape *s) {
   return g_backend == PKV_BACKEND_CPU ? 1e-5 : tu_quantized(s->k) ? 1e-3 : 3e-5;
 }
