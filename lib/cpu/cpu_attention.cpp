@@ -195,6 +195,8 @@ template <int W> PKV_ALWAYS_INLINE float scale_scores(float *p, uint32_t n, floa
 // widest conversion the set has (every conversion here is exact, so every variant decodes a row to
 // the same floats).
 // bf16_row: n BF16 values to floats, each moved into a float's upper half.
+// scale: a quantized group's F16 scale as a float (by F16C where the set has it: the portable
+// conversion's bit operations cost as much as the group's 32 values).
 // scaled_group: one group of 32 signed quants times its scale (dequantize_q8_0's arithmetic), by
 // the set's own widening instructions: GCC 12 turns a vector-extension conversion from 8-bit to
 // wider lanes into one scalar conversion a lane (for aarch64 from 16-bit lanes too). The variants
@@ -202,6 +204,7 @@ template <int W> PKV_ALWAYS_INLINE float scale_scores(float *p, uint32_t n, floa
 // on each side of the call.
 template <int Width> struct VectorIsa {
   static constexpr int W = Width;
+  static PKV_ALWAYS_INLINE float scale(const uint8_t *p) { return f16_to_f32(load16(p)); }
   static PKV_ALWAYS_INLINE void bf16_row(const uint8_t *src, uint32_t n, float *dst) {
     for (uint32_t i = 0; i < n; i += W) {
       Vector<uint16_t, W> h;
@@ -242,6 +245,7 @@ template <pkv_format F> PKV_AVX2 inline __m256i fp8_codes_as_f16(const uint8_t *
 // Plain inline, not always_inline: GCC and Clang inline a function of a narrower target into one of
 // a wider target, but refuse always_inline through the template in between.
 struct Avx2 : VectorIsa<8> {
+  PKV_AVX2 static inline float scale(const uint8_t *p) { return _cvtsh_ss(load16(p)); }
   PKV_AVX2 static inline void f16_row(const uint8_t *src, uint32_t n, float *dst) {
     for (uint32_t i = 0; i < n; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 2 * i))));
@@ -262,6 +266,7 @@ struct Avx2 : VectorIsa<8> {
   }
 };
 struct Avx512 : VectorIsa<16> {
+  PKV_AVX512 static inline float scale(const uint8_t *p) { return _cvtsh_ss(load16(p)); }
   // Zero-masked forms: GCC 12 warns of the plain ones' undefined pass-through operand.
   PKV_AVX512 static inline void f16_row(const uint8_t *src, uint32_t n, float *dst) {
     for (uint32_t i = 0; i < n; i += 16)
@@ -283,6 +288,11 @@ struct Avx512 : VectorIsa<16> {
 // NEON is part of every ARMv8-A processor: no target attribute, nothing to detect.
 struct Neon {
   static constexpr int W = 4;
+  static PKV_ALWAYS_INLINE float scale(const uint8_t *p) {
+    __fp16 h;
+    std::memcpy(&h, p, 2);
+    return float(h);
+  }
   static PKV_ALWAYS_INLINE void f16_row(const uint8_t *src, uint32_t n, float *dst) {
     for (uint32_t i = 0; i < n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(src + 2 * i))));
   }
@@ -319,7 +329,7 @@ struct Neon {
 // A Q8_0 row of n values (quants, then the row's group scales) to floats.
 template <class Isa> PKV_ALWAYS_INLINE void q8_0_row(const uint8_t *quants, const uint8_t *scales, uint32_t n, float *dst) {
   for (uint32_t g = 0; g < n / kGroup; g++)
-    Isa::scaled_group(reinterpret_cast<const int8_t *>(quants) + g * kGroup, f16_to_f32(load16(scales + 2 * g)), dst + g * kGroup);
+    Isa::scaled_group(reinterpret_cast<const int8_t *>(quants) + g * kGroup, Isa::scale(scales + 2 * g), dst + g * kGroup);
 }
 
 // A Q4_0 row likewise: a group's byte j holds value j (low nibble) and value j + 16 (high nibble),
@@ -332,7 +342,7 @@ template <class Isa> PKV_ALWAYS_INLINE void q4_0_row(const uint8_t *quants, cons
     int8_t bytes[kGroup];
     std::memcpy(bytes, &low, sizeof low);
     std::memcpy(bytes + kGroup / 2, &high, sizeof high);
-    Isa::scaled_group(bytes, f16_to_f32(load16(scales + 2 * g)), dst + g * kGroup);
+    Isa::scaled_group(bytes, Isa::scale(scales + 2 * g), dst + g * kGroup);
   }
 }
 
