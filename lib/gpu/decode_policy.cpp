@@ -59,8 +59,9 @@ DecodePolicy read_decode_policy() {
     p.shared_limit = int(bytes);
   }
   if (const char *v = setting("PKV_EXTEND_KERNEL")) {
-    static const char *const names[] = {"tiles", "blocks"};
-    p.extend_tiles = choose("PKV_EXTEND_KERNEL", v, names) == 0;
+    static const char *const names[] = {"auto", "tiles", "blocks"};
+    static const ExtendTiles kinds[] = {ExtendTiles::filling, ExtendTiles::always, ExtendTiles::never};
+    p.extend_tiles = kinds[choose("PKV_EXTEND_KERNEL", v, names)];
   }
   return p;
 }

@@ -18,6 +18,13 @@ enum class TileSet : uint32_t {
   all,      // and the group tile (sm_90a)
 };
 
+// Which of an extend's long entries the extend kernel takes (where it serves them).
+enum class ExtendTiles : uint32_t {
+  filling, // those of a call whose tiles fill the device once; a call of fewer takes decode's blocks
+  always,  // every one
+  never,   // none: decode's blocks take every entry
+};
+
 struct DecodePolicy {
   bool family_set = false;                      // PKV_KERNEL_FAMILY
   KernelFamily family = KernelFamily::tensor_core; // when family_set
@@ -25,7 +32,7 @@ struct DecodePolicy {
   bool four_block = true;                       // PKV_FOUR_BLOCK
   Balance plan = Balance::never;                // PKV_PLAN
   int shared_limit = 0;                         // PKV_SHARED_LIMIT (bytes a block); 0: the device's
-  bool extend_tiles = true;                     // PKV_EXTEND_KERNEL: the extend kernel's tiles, or decode's blocks
+  ExtendTiles extend_tiles = ExtendTiles::filling; // PKV_EXTEND_KERNEL
   std::string tensor_core_switch; // the first tensor-core-only switch set ("PKV_FOUR_BLOCK=off"), or empty
 };
 

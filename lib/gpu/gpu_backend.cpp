@@ -49,7 +49,8 @@ struct ExtendBlocks {
 };
 // An entry of at least this many new tokens runs on the extend kernel where it serves the call: its
 // tiles of 64 query rows read each K/V stage once for all of them, but a tile attends over the whole
-// context without splitting it, so a few tokens over a long context take decode's split kernels.
+// context without splitting it, so a few tokens over a long context take decode's split kernels
+// (and so does a call of too few tiles to fill the device: KernelChoice::extend_fills).
 constexpr uint32_t kExtendKernelTokens = 64;
 constexpr uint64_t kImageChunkBytes = 32ull << 20;
 constexpr uint64_t kImageLaunchBlocks = 1u << 20;
@@ -468,10 +469,17 @@ class GpuBackend final : public Backend {
 
   // The extend kernel for the call, or null where it does not serve: no tree mask or attention
   // variant, the decode's tensor-core family (so PKV_KERNEL_FAMILY set to another takes the decode
-  // kernels for extends too), and a kernel for the pool (KernelChoice::extend).
+  // kernels for extends too), a kernel for the pool (KernelChoice::extend), and the call's long
+  // entries in enough tiles (KernelChoice::extend_fills).
   Function extend_function(const PoolGeometry &g, const ExtendBatch &b, uint32_t q_parts) {
     if (b.config->family != KernelFamily::tensor_core || b.mask || b.variants.any()) return nullptr;
-    return kernels_->extend(g, q_parts);
+    const uint32_t group = b.q_heads / g.kv_heads;
+    uint64_t tiles = 0;
+    for (uint32_t e = 0; e < b.count; e++) {
+      const uint64_t n = b.q_offsets[e + 1] - b.q_offsets[e];
+      if (n >= kExtendKernelTokens) tiles += g.kv_heads * ((n * group + PKV_EXTEND_ROWS - 1) / PKV_EXTEND_ROWS);
+    }
+    return kernels_->extend_fills(tiles) ? kernels_->extend(g, q_parts) : nullptr;
   }
 
   // Launches only, once the plan is on the device: nothing here waits for the device, allocates or

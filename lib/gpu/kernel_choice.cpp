@@ -173,7 +173,7 @@ Function KernelChoice::extend(const PoolGeometry &g, uint32_t q_parts) {
                        is_fp8(g.k.format) == is_fp8(g.v.format) &&
                        (is_quantized(g.k.format) || !is_quantized(g.v.format)) &&
                        (g.k.format != PKV_FORMAT_Q4_0 || D == 256);
-  if (!extend_ || !policy_.extend_tiles || !formats || !(D == 64 || D == 128 || D == 256)) return nullptr;
+  if (!extend_ || policy_.extend_tiles == ExtendTiles::never || !formats || !(D == 64 || D == 128 || D == 256)) return nullptr;
   Looked &kept = extend_functions_[D / 128][g.k.format - PKV_FORMAT_F16][g.v.format - PKV_FORMAT_F16][q_parts - 1];
   if (kept.done) return kept.fn;
   const std::string name = "pkv_extend_mma_" + std::to_string(D) + "_" + std::to_string(int(g.k.format)) + "_" +
@@ -186,6 +186,12 @@ Function KernelChoice::extend(const PoolGeometry &g, uint32_t q_parts) {
   }
   kept.done = true;
   return kept.fn;
+}
+
+// One tile a multiprocessor: a 64-token chunk over a 128K context (32 tiles on an H100's 132
+// multiprocessors) took 3.4x the blocks' time there (F16, head_dim 128; docs/perf/decisions.md).
+bool KernelChoice::extend_fills(uint64_t tiles) const {
+  return policy_.extend_tiles == ExtendTiles::always || tiles >= sms_;
 }
 
 // The wide tile and the narrow one of one n-tile serve every batch; the others where they fit.

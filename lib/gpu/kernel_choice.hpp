@@ -30,6 +30,11 @@ class KernelChoice {
   // another format, float K with quantized V, head_dim other than 64, 128 or 256), its block does
   // not fit, or PKV_EXTEND_KERNEL=blocks. Looked up once.
   Function extend(const PoolGeometry &g, uint32_t q_parts);
+  // Whether a call whose long entries make `tiles` tiles (of PKV_EXTEND_ROWS query rows, each KV
+  // head's) runs them on the extend kernel: where they fill the device once (a tile attends over
+  // its entry's whole context, while decode's blocks split long contexts over the device), or as
+  // PKV_EXTEND_KERNEL=tiles always.
+  bool extend_fills(uint64_t tiles) const;
   // q's 16-bit parts in the extend kernel: one where it is in the format of K's MMAs (F16, or BF16
   // for BF16 pages) or K is quantized (its widened values are rounded to f16 already), else two.
   static uint32_t extend_q_parts(const PoolGeometry &g, pkv_format q_format);
