@@ -117,7 +117,7 @@ Function KernelChoice::tensor_core_function(const PoolGeometry &g, Tile tile) {
   const Shape largest{tile, tile != kWide ? 1u : 2u};
   static const char *const prefix[kTiles] = {"pkv_decode_mma16_", "pkv_decode_mma8_", "pkv_decode_mma8x2_",
                                              "pkv_decode_mma8x4_", "pkv_decode_mmag_"};
-  for (uint32_t stages : {pkv_mma_stages(g.head_dim), pkv_mma_fewer_stages(g.head_dim, sixteen_bit_pages(g))}) {
+  for (uint32_t stages : {pkv_mma_stages(g.head_dim, fp8_pages(g)), pkv_mma_fewer_stages(g.head_dim, sixteen_bit_pages(g))}) {
     if (!stages) break;
     const std::string name = prefix[tile] + formats + "_" + std::to_string(stages);
     fn = rt_.function(tensor_core_, name.c_str());

@@ -352,10 +352,10 @@ __device__ void decode_mma(const PkvDecodeParams &p) {
       // even with Q4_0 pages).
       if constexpr (T::GROUPED) issue(tile + M::NS - 1, last, plain);
       const uint8_t *stage = smem + slot * M::stage_bytes;
-      if constexpr (M::WIDEN) {
-        widen_rows<SK, K>(stage, widened, tid, threads);
-        widen_rows<SV, V>(stage + SK::bytes, widened + K::bytes, tid, threads);
-        __syncthreads();
+      if constexpr (M::WIDEN) { // each slice widens the tokens its warps compute
+        widen_rows<T::Tok, SK, K>(stage, widened, slice, mt * 32 + lane, 32 * MT);
+        widen_rows<T::Tok, SV, V>(stage + SK::bytes, widened + K::bytes, slice, mt * 32 + lane, 32 * MT);
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + slice), "r"(32 * MT) : "memory");
         stage = widened;
       }
       // This warp's 16 tokens of the stage: its MMA row m is token t_warp + Tok::of_row(m).
@@ -595,7 +595,7 @@ PKV_MMA_KV(256, 2)
 // FP8 K and V, either code in either plane.
 #define PKV_MMA_FP8(D, NS) PKV_MMA(D, 6, 6, NS) PKV_MMA(D, 6, 7, NS) PKV_MMA(D, 7, 6, NS) PKV_MMA(D, 7, 7, NS)
 PKV_MMA_FP8(64, 3)
-PKV_MMA_FP8(128, 3)
+PKV_MMA_FP8(128, 2)
 PKV_MMA_FP8(256, 2)
 // F16/BF16 head_dim 128 with two stages (pkv_mma_fewer_stages).
 PKV_MMA(128, 2, 2, 2) PKV_MMA(128, 2, 3, 2) PKV_MMA(128, 3, 2, 2) PKV_MMA(128, 3, 3, 2)

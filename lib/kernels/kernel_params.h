@@ -238,8 +238,12 @@ static constexpr uint32_t pkv_mma_combine_bytes(uint32_t head_dim, uint32_t rows
  * three otherwise (F16/BF16 pages of head_dim 128 then fit two blocks a multiprocessor, not three,
  * and measured faster: more bytes in flight per block). Those take 112 KB a block, more than sm_86
  * and sm_89 give (99 KB), so their kernels are compiled with two stages as well, for the host to
- * take where three do not fit (0: no such kernel). */
-static inline uint32_t pkv_mma_stages(uint32_t head_dim) { return head_dim >= 256 ? 2 : 3; }
+ * take where three do not fit (0: no such kernel). FP8 pages of head_dim 128 take two: a stage is
+ * half an F16 one and its round waits on the widening, not on memory, so a third block a
+ * multiprocessor (which two stages leave room for) hides more than a third stage. */
+static inline uint32_t pkv_mma_stages(uint32_t head_dim, int fp8_pages) {
+  return head_dim >= 256 || (head_dim == 128 && fp8_pages) ? 2 : 3;
+}
 static inline uint32_t pkv_mma_fewer_stages(uint32_t head_dim, int sixteen_bit_pages) {
   return head_dim == 128 && sixteen_bit_pages ? 2 : 0;
 }

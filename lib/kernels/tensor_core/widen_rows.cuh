@@ -33,14 +33,16 @@ template <uint32_t F> __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_
   }
 }
 
-// Widens the stage's TILE rows of layout S (FP8) into layout W (F16), 16 values a thread at a time;
-// `threads` threads from `tid`.
-template <class S, class W>
-__device__ __forceinline__ void widen_rows(const uint8_t *src, uint8_t *dst, int tid, int threads) {
+// Widens the SUB rows of layout S (FP8) into layout W (F16) that slice `slice`'s warps compute (Tok),
+// 16 values a thread at a time; `threads` threads from `index`. A slice's warps read only their own
+// tokens' rows, so they wait for each other, not for the block.
+template <class Tok, class S, class W>
+__device__ __forceinline__ void widen_rows(const uint8_t *src, uint8_t *dst, int slice, int index, int threads) {
   static_assert(W::data == 2 * S::data && !S::quantized && !W::quantized, "FP8 rows into F16 rows");
   constexpr int PIECES = S::data / 16; // 16-byte pieces a row
-  for (int e = tid; e < TILE * PIECES; e += threads) {
-    const int t = e / PIECES, piece = e % PIECES;
+  for (int e = index; e < SUB * PIECES; e += threads) {
+    const uint32_t t = Tok::warp_first(slice) + Tok::of_row(e / PIECES);
+    const int piece = e % PIECES;
     const uint4 x = *reinterpret_cast<const uint4 *>(src + S::of_token(t) + 16 * piece);
     const uint32_t w[4] = {x.x, x.y, x.z, x.w};
     uint32_t y[8];
