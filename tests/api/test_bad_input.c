@@ -240,16 +240,7 @@ static const uint32_t extend_offsets[4] = {0, 1, 3, 3};
 static const uint8_t causal_mask[3] = {1, 1, 3};
 static const uint64_t mask_offsets[3] = {0, 1, 3};
 static pkv_extend_args good_extend(fixture *f) {
-  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
-  a.layer = 1;
-  a.seqs = f->batch;
-  a.count = 3;
-  a.q_heads = Q_HEADS;
-  a.q_offsets = extend_offsets;
-  a.q = f->q;
-  a.out = f->out;
-  a.lse = f->lse;
-  return a;
+  return pu_extend_args(1, f->batch, 3, Q_HEADS, extend_offsets, f->q, f->out, f->lse);
 }
 static pkv_extend_args good_masked_extend(fixture *f) {
   pkv_extend_args a = good_extend(f);

@@ -191,18 +191,10 @@ static void random_q(model *m, const batch *b, void *q) {
 static pkv_extend_args extend_args(model *m, const batch *b, pkv_seq *seqs, uint32_t layer, const void *q, void *out,
                                    float *lse) {
   for (uint32_t e = 0; e < b->count; e++) seqs[e] = m->seq[b->idx[e]];
-  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
-  a.layer = layer;
-  a.seqs = seqs;
-  a.count = b->count;
-  a.q_heads = m->q_heads;
-  a.q_offsets = b->offsets;
+  pkv_extend_args a = pu_extend_args(layer, seqs, b->count, m->q_heads, b->offsets, q, out, lse);
   a.scale = m->s.scale;
   a.q_format = m->s.q;
   a.out_format = m->s.out;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
   a.mask = b->mask;
   a.mask_offsets = b->mask ? b->mask_offsets : NULL;
   a.mask_bytes = b->mask_bytes;

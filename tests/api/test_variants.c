@@ -251,14 +251,7 @@ static void extend_and_check(model *m, const uint32_t *idx, const uint32_t *toke
   poison(out, lse, rows * m->q_heads, m->head_dim);
   pkv_seq seqs[MAX_SEQS];
   for (uint32_t b = 0; b < count; b++) seqs[b] = m->seq[idx[b]];
-  pkv_extend_args a = PKV_EXTEND_ARGS_INIT;
-  a.seqs = seqs;
-  a.count = count;
-  a.q_heads = m->q_heads;
-  a.q_offsets = offsets;
-  a.q = q;
-  a.out = out;
-  a.lse = lse;
+  pkv_extend_args a = pu_extend_args(0, seqs, count, m->q_heads, offsets, q, out, lse);
   if (masked) a.mask = mask, a.mask_offsets = mask_offsets, a.mask_bytes = mask_bytes;
   set_variants(x, &a.window, &a.softcap, &a.sinks, &a.alibi_slopes);
   CHECK_OK(pkv_extend(m->pool, &a));
@@ -366,9 +359,8 @@ static void release_case(void **state) {
   assert_non_null(strstr(pkv_last_error(), "position 99"));
   d.q_tokens = 1;
   CHECK_OK(pkv_decode(m.pool, &d)); /* from position 100 on: every row held */
-  pkv_extend_args e = PKV_EXTEND_ARGS_INIT;
   const uint32_t offsets[2] = {0, 1};
-  e.seqs = seqs, e.count = 1, e.q_heads = m.q_heads, e.q_offsets = offsets, e.q = q, e.out = out;
+  pkv_extend_args e = pu_extend_args(0, seqs, 1, m.q_heads, offsets, q, out, NULL);
   pu_assert_fails(pkv_extend(m.pool, &e), PKV_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(pkv_last_error(), "seqs[0]: the extend needs position 0"));
   pu_assert_fails(pu_read(m.pool, 0, m.seq[s], dead - 1, 2, PKV_FORMAT_F32, rows, NULL), PKV_ERR_INVALID_ARGUMENT);
