@@ -44,7 +44,7 @@ AppendResult measure_append(Env &e, pkv_format fmt, bool prefill);
 struct OverheadItem {
   const char *id, *what, *unit;
 };
-extern const OverheadItem kOverhead[5];
+extern const OverheadItem kOverhead[7];
 
 struct OverheadResult {
   std::string id, what, unit, status = "ok", reason;
