@@ -52,6 +52,10 @@ struct ExtendBlocks {
 // context without splitting it, so a few tokens over a long context take decode's split kernels
 // (and so does a call of too few tiles to fill the device: KernelChoice::extend_fills).
 constexpr uint32_t kExtendKernelTokens = 64;
+// The extend kernel's tiles of PKV_EXTEND_ROWS query rows an entry of n new tokens makes, per KV head.
+uint32_t extend_tiles(uint32_t n, uint32_t group) {
+  return uint32_t((uint64_t(n) * group + PKV_EXTEND_ROWS - 1) / PKV_EXTEND_ROWS);
+}
 constexpr uint64_t kImageChunkBytes = 32ull << 20;
 constexpr uint64_t kImageLaunchBlocks = 1u << 20;
 // Thread blocks an image copy launches at most, each taking every kImageGrid-th (layer, page) block:
@@ -339,7 +343,7 @@ class GpuBackend final : public Backend {
       const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e], first = b.lengths[e] - n, stride = (n + 7) / 8;
       if (w.wide && n >= kExtendKernelTokens) {
         for (uint32_t h = 0; h < g.kv_heads; h++)
-          for (uint32_t z = 0; z * PKV_EXTEND_ROWS < n * group; z++)
+          for (uint32_t z = 0; z < extend_tiles(n, group); z++)
             w.items.push_back({b.seq_slots[e], b.lengths[e], n, b.q_offsets[e], h, z, {0, 0}});
         continue;
       }
@@ -476,8 +480,8 @@ class GpuBackend final : public Backend {
     const uint32_t group = b.q_heads / g.kv_heads;
     uint64_t tiles = 0;
     for (uint32_t e = 0; e < b.count; e++) {
-      const uint64_t n = b.q_offsets[e + 1] - b.q_offsets[e];
-      if (n >= kExtendKernelTokens) tiles += g.kv_heads * ((n * group + PKV_EXTEND_ROWS - 1) / PKV_EXTEND_ROWS);
+      const uint32_t n = b.q_offsets[e + 1] - b.q_offsets[e];
+      if (n >= kExtendKernelTokens) tiles += uint64_t(g.kv_heads) * extend_tiles(n, group);
     }
     return kernels_->extend_fills(tiles) ? kernels_->extend(g, q_parts) : nullptr;
   }
