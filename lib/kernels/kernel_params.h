@@ -240,7 +240,8 @@ static constexpr uint32_t pkv_mma_combine_bytes(uint32_t head_dim, uint32_t rows
  * and sm_89 give (99 KB), so their kernels are compiled with two stages as well, for the host to
  * take where three do not fit (0: no such kernel). FP8 pages of head_dim 128 take two: a stage is
  * half an F16 one and its round waits on the widening, not on memory, so a third block a
- * multiprocessor (which two stages leave room for) hides more than a third stage. */
+ * multiprocessor (which two stages leave room for) hides more than a third stage (H100 A/B,
+ * docs/perf/decisions.md). */
 static inline uint32_t pkv_mma_stages(uint32_t head_dim, int fp8_pages) {
   return head_dim >= 256 || (head_dim == 128 && fp8_pages) ? 2 : 3;
 }
