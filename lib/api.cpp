@@ -295,6 +295,21 @@ pkv_pool &pool_ref(pkv_pool *pool) {
   return *pool;
 }
 
+// The attention entry points: the arguments read and checked (launch: the call reads q and writes
+// out; a prepare touches neither), q and out's memory kind resolved, then the pool's step run.
+template <class Args>
+pkv_status attention_call(const char *function, pkv_pool *pool, const Args *args, bool launch,
+                          void (*check)(const pkv::PoolGeometry &, const Args &, bool),
+                          void (pkv_pool::*step)(const Args &)) {
+  return guarded(function, [&] {
+    pkv_pool &p = pool_ref(pool);
+    Args a = read_struct(args, "args");
+    check(p.geometry(), a, launch);
+    a.memory = host_or_device(a.memory);
+    (p.*step)(a);
+  });
+}
+
 } // namespace
 
 extern "C" {
@@ -482,43 +497,19 @@ PKV_API pkv_status pkv_read(pkv_pool *pool, const pkv_read_args *args) {
 }
 
 PKV_API pkv_status pkv_decode(pkv_pool *pool, const pkv_decode_args *args) {
-  return guarded(__func__, [&] {
-    pkv_pool &p = pool_ref(pool);
-    pkv_decode_args a = read_struct(args, "args");
-    check_decode_args(p.geometry(), a, true);
-    a.memory = host_or_device(a.memory);
-    p.decode(a);
-  });
+  return attention_call(__func__, pool, args, true, check_decode_args, &pkv_pool::decode);
 }
 
 PKV_API pkv_status pkv_decode_prepare(pkv_pool *pool, const pkv_decode_args *args) {
-  return guarded(__func__, [&] {
-    pkv_pool &p = pool_ref(pool);
-    pkv_decode_args a = read_struct(args, "args");
-    check_decode_args(p.geometry(), a, false);
-    a.memory = host_or_device(a.memory);
-    p.decode_prepare(a);
-  });
+  return attention_call(__func__, pool, args, false, check_decode_args, &pkv_pool::decode_prepare);
 }
 
 PKV_API pkv_status pkv_extend(pkv_pool *pool, const pkv_extend_args *args) {
-  return guarded(__func__, [&] {
-    pkv_pool &p = pool_ref(pool);
-    pkv_extend_args a = read_struct(args, "args");
-    check_extend_args(p.geometry(), a, true);
-    a.memory = host_or_device(a.memory);
-    p.extend(a);
-  });
+  return attention_call(__func__, pool, args, true, check_extend_args, &pkv_pool::extend);
 }
 
 PKV_API pkv_status pkv_extend_prepare(pkv_pool *pool, const pkv_extend_args *args) {
-  return guarded(__func__, [&] {
-    pkv_pool &p = pool_ref(pool);
-    pkv_extend_args a = read_struct(args, "args");
-    check_extend_args(p.geometry(), a, false);
-    a.memory = host_or_device(a.memory);
-    p.extend_prepare(a);
-  });
+  return attention_call(__func__, pool, args, false, check_extend_args, &pkv_pool::extend_prepare);
 }
 
 PKV_API pkv_status pkv_pool_get_stats(pkv_pool *pool, pkv_pool_stats *out) {
