@@ -81,15 +81,18 @@ template <int W> PKV_ALWAYS_INLINE void lane_sums(const Floats<W> (&v)[8], float
   }
 }
 
-// Scores of R query rows (D apart) against keys [0, n) rounded up to 8 / R (the buffer's rows past n
-// hold leftovers the caller ignores): out[j * kTokenBlock + i] = q_j . key_i. Eight sums at
-// once, R rows times 8 / R keys, so that a load serves several multiply-adds and eight chains
-// hide their latency; head_dim is a multiple of 32.
+// Scores of R query rows (D apart) against keys [0, n) rounded up to S / R (the buffer's rows past n
+// hold leftovers the caller ignores): out[j * kTokenBlock + i] = q_j . key_i. S sums at once, R
+// rows times S / R keys, so that a load serves several multiply-adds and S chains hide their
+// latency; head_dim is a multiple of 32. Sixteen sums for four rows where the set has 32 vector
+// registers: a load serves more multiply-adds (four keys to the rows' loads, where two kept the
+// load ports as busy as the multiply-adds).
 template <int W, int R>
 PKV_ALWAYS_INLINE void score_block(const float *q, const float *keys, uint32_t n, uint32_t D, float *out) {
-  constexpr int KB = 8 / R;
+  constexpr int S = W == 16 && R == 4 ? 16 : 8;
+  constexpr int KB = S / R;
   for (uint32_t i0 = 0; i0 < n; i0 += KB) {
-    Floats<W> s[8] = {};
+    Floats<W> s[S] = {};
     for (uint32_t d = 0; d < D; d += W) {
       Floats<W> qv[R];
       for (int j = 0; j < R; j++) qv[j] = load<W>(q + j * D + d);
@@ -98,8 +101,8 @@ PKV_ALWAYS_INLINE void score_block(const float *q, const float *keys, uint32_t n
         for (int j = 0; j < R; j++) s[j * KB + k] += qv[j] * kv;
       }
     }
-    float sums[8];
-    lane_sums<W>(s, sums);
+    float sums[S];
+    for (int h = 0; h < S / 8; h++) lane_sums<W>(reinterpret_cast<const Floats<W>(&)[8]>(s[8 * h]), sums + 8 * h);
     for (int j = 0; j < R; j++)
       for (int k = 0; k < KB; k++) out[j * kTokenBlock + i0 + k] = sums[j * KB + k];
   }
