@@ -254,6 +254,48 @@ __attribute__((target("avx2"))) bool quantize_q8_0_avx2(const float *x, uint16_t
   return true;
 }
 
+// quantize_q4_0 likewise: the scale's value is the first of the group's values of the largest
+// magnitude (the portable loop's strict comparison), +0 where all are zeros.
+__attribute__((target("avx2"))) bool quantize_q4_0_avx2(const float *x, uint16_t *d_out, uint8_t *q) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4], a[4], top = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
+  for (int k = 0; k < 4; k++) {
+    v[k] = _mm256_loadu_ps(x + 8 * k);
+    zero = _mm256_add_ps(zero, _mm256_sub_ps(v[k], v[k]));
+    a[k] = _mm256_and_ps(v[k], magnitude);
+    top = _mm256_max_ps(top, a[k]);
+  }
+  if (_mm256_movemask_ps(_mm256_cmp_ps(zero, zero, _CMP_UNORD_Q)) != 0) return false;
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  const float amax = _mm_cvtss_f32(m);
+  float max = 0.0f;
+  if (amax > 0.0f) {
+    const __m256 all = _mm256_set1_ps(amax);
+    uint32_t hits = 0;
+    for (int k = 0; k < 4; k++) hits |= uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a[k], all, _CMP_EQ_OQ))) << (8 * k);
+    max = x[__builtin_ctz(hits)];
+  }
+  const float d = max / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  if (!(std::fabs(id) <= FLT_MAX)) return false;
+  *d_out = f32_to_f16(d);
+  // min(15, int(x * id + 8.5)), values j (low nibble) and j + 16 (high nibble) joined in 32-bit lanes.
+  __m256i nibbles[4];
+  for (int k = 0; k < 4; k++) {
+    const __m256 p = _mm256_add_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(id)), _mm256_set1_ps(8.5f));
+    nibbles[k] = _mm256_min_epi32(_mm256_cvttps_epi32(p), _mm256_set1_epi32(15));
+  }
+  const __m256i low = _mm256_or_si256(nibbles[0], _mm256_slli_epi32(nibbles[2], 4));
+  const __m256i high = _mm256_or_si256(nibbles[1], _mm256_slli_epi32(nibbles[3], 4));
+  // Bytes below 256: the unsigned packs saturate nothing; the permute undoes packus's interleaving.
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xd8);
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(q),
+                   _mm_packus_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
+  return true;
+}
+
 } // namespace
 #endif
 
@@ -289,6 +331,10 @@ void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
 }
 
 void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && quantize_q4_0_avx2(x, d_out, q)) return;
+#endif
   float amax = 0.0f, max = 0.0f;
   for (uint32_t j = 0; j < kGroup; j++) {
     if (amax < std::fabs(x[j])) {

@@ -223,8 +223,11 @@ static void test_hand_vectors(void **state) {
     check_all_formats(x, 32);
   }
 
-  /* All zero: d = 0, Q8_0 quants 0, Q4_0 quants 8 (0x88). */
+  /* All zero: d = 0, Q8_0 quants 0, Q4_0 quants 8 (0x88). Negative zeros first in the second block:
+   * Q4_0's d is +0 / -8 whatever the zeros' signs (its largest magnitude never moves off +0). */
   memset(x, 0, sizeof x);
+  check_all_formats(x, 64);
+  for (int j = 32; j < 64; j += 2) x[j] = -0.0f;
   check_all_formats(x, 64);
 
   /* A single non-zero value of either sign. */
