@@ -64,12 +64,70 @@ void load_fp8(pkv_format f, const uint8_t *src, size_t n, float scale, float *ds
   for (size_t i = 0; i < n; i++) dst[i] = fp8_to_f32(f, src[i]) * scale;
 }
 
-// A loop a format, whose constants are then known: the compiler makes vector code of each.
-void store_fp8(pkv_format f, const float *src, size_t n, float scale, uint8_t *dst) {
+namespace {
+
+// A loop a format, whose constants are then known.
+inline __attribute__((always_inline)) void store_fp8_rows(pkv_format f, const float *src, size_t n, float scale,
+                                                          uint8_t *dst) {
   if (f == PKV_FORMAT_FP8_E4M3)
     for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(PKV_FORMAT_FP8_E4M3, src[i] / scale);
   else
     for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(PKV_FORMAT_FP8_E5M2, src[i] / scale);
+}
+
+#if defined(__x86_64__)
+// f32_to_fp8 on 8 lanes (the compilers leave its loop scalar: AVX2 has no float-to-unsigned
+// conversion), every step the same integer and float operation.
+template <pkv_format F> __attribute__((target("avx2"))) __m256i fp8_lanes(__m256 x) {
+  constexpr bool e4m3 = F == PKV_FORMAT_FP8_E4M3;
+  constexpr int mantissa = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, shift = 23 - mantissa;
+  constexpr int smallest_normal = (127 + 1 - bias) << 23, largest = e4m3 ? 0x7e : 0x7b;
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+  const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256 units = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_min_epi32(a, _mm256_set1_epi32(smallest_normal))),
+                                     _mm256_set1_ps(e4m3 ? 512.0f : 65536.0f));
+  const __m256i subnormal = _mm256_cvttps_epi32(
+      _mm256_sub_ps(_mm256_add_ps(units, _mm256_set1_ps(8388608.0f)), _mm256_set1_ps(8388608.0f)));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, shift), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (shift - 1)) - 1)), odd), shift);
+  const __m256i normal = _mm256_min_epu32(_mm256_sub_epi32(rounded, _mm256_set1_epi32((127 - bias) << mantissa)),
+                                          _mm256_set1_epi32(largest));
+  const __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(_mm256_set1_epi32(smallest_normal), a));
+  const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+  return _mm256_or_si256(sign, _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), nan));
+}
+
+template <pkv_format F>
+__attribute__((target("avx2"))) void store_fp8_avx2_as(const float *src, size_t n, float scale, uint8_t *dst) {
+  size_t i = 0;
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; i + 32 <= n; i += 32) {
+    __m256i c[4];
+    for (int k = 0; k < 4; k++) c[k] = fp8_lanes<F>(_mm256_div_ps(_mm256_loadu_ps(src + i + 8 * k), s));
+    // Codes below 256: the unsigned packs saturate nothing; the permute undoes their interleaving.
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + i),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  store_fp8_rows(F, src + i, n - i, scale, dst + i);
+}
+
+__attribute__((target("avx2"))) void store_fp8_avx2(pkv_format f, const float *src, size_t n, float scale,
+                                                    uint8_t *dst) {
+  if (f == PKV_FORMAT_FP8_E4M3) store_fp8_avx2_as<PKV_FORMAT_FP8_E4M3>(src, n, scale, dst);
+  else store_fp8_avx2_as<PKV_FORMAT_FP8_E5M2>(src, n, scale, dst);
+}
+#endif
+
+} // namespace
+
+void store_fp8(pkv_format f, const float *src, size_t n, float scale, uint8_t *dst) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return store_fp8_avx2(f, src, n, scale, dst);
+#endif
+  store_fp8_rows(f, src, n, scale, dst);
 }
 
 bool is_io_format(pkv_format f) {
