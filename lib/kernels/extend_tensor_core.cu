@@ -11,8 +11,9 @@
 //    plane's scale multiplying the scores and the output instead), which all 64 query rows then read.
 //  - S = Q K^T and O = P V on the tensor cores (m16n8k16, fp32 accumulation). q enters in one part
 //    where its format is the one K's MMAs take (exact), or where K is quantized (its f16 values are
-//    rounded already), else as a high and a low part; P always as two parts, of the format V's MMAs
-//    take: ~16-22 bits, the precision decode keeps. Scores are in log2 units, times the scale in
+//    rounded already), else as a high and a low part; P as two parts of the format V's MMAs take
+//    (~16-22 bits, the precision decode keeps), or one where K is quantized: its logits are off by
+//    ~0.4% of their spread already (tests/support/oracle.c), P's rounding to f16 by 2^-12. Scores are in log2 units, times the scale in
 //    fp32 (q unscaled, so its parts keep their bits whatever the scale).
 //  - Only the stages that reach past the tile's first row's position mask (causal, and the rows past
 //    the tile's end); the others check nothing.
@@ -103,6 +104,7 @@ template <int D, uint32_t SKF, uint32_t SVF, int QP> __device__ void extend_mma(
   constexpr bool KH = SK::mma_format == F16, VH = SV::mma_format == F16; // each MMA in its rows' format
   constexpr uint32_t STRIDE = L::STRIDE, STAGE = L::STAGE, WIDENED = L::WIDENED;
   constexpr int DT = D / 8; // the output's n-tiles
+  constexpr int PP = SKF == Q8_0 || SKF == Q4_0 ? 1 : 2; // P's parts
   extern __shared__ uint4 smem_words[];
   uint8_t *const smem = reinterpret_cast<uint8_t *>(smem_words);
   uint8_t *const widened = smem + NS * STAGE; // K's widened rows (if any), then V's
@@ -279,17 +281,17 @@ template <int D, uint32_t SKF, uint32_t SVF, int QP> __device__ void extend_mma(
     // O += P V, 16 positions a k-step: P's A fragment is two n-tiles of s, in two parts.
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; kk++) {
-      uint32_t a[2][4];
-      split_pair<VH>(s[2 * kk][0], s[2 * kk][1], &a[0][0], 4);
-      split_pair<VH>(s[2 * kk][2], s[2 * kk][3], &a[0][1], 4);
-      split_pair<VH>(s[2 * kk + 1][0], s[2 * kk + 1][1], &a[0][2], 4);
-      split_pair<VH>(s[2 * kk + 1][2], s[2 * kk + 1][3], &a[0][3], 4);
+      uint32_t a[PP][4];
+      pair_parts<VH, PP>(s[2 * kk][0], s[2 * kk][1], &a[0][0], 4);
+      pair_parts<VH, PP>(s[2 * kk][2], s[2 * kk][3], &a[0][1], 4);
+      pair_parts<VH, PP>(s[2 * kk + 1][0], s[2 * kk + 1][1], &a[0][2], 4);
+      pair_parts<VH, PP>(s[2 * kk + 1][2], s[2 * kk + 1][3], &a[0][3], 4);
 #pragma unroll
       for (int jp = 0; jp < DT / 2; jp++) {
         uint32_t b[4]; // n-tile 2 jp: b[0], b[1]; 2 jp + 1: b[2], b[3]
         ldmatrix<4, true>(b, v_rows + v_lane + 16 * kk * STRIDE + 32 * jp);
 #pragma unroll
-        for (int part = 0; part < 2; part++) {
+        for (int part = 0; part < PP; part++) {
           mma16<VH>(o[2 * jp], a[part], b[0], b[1]);
           mma16<VH>(o[2 * jp + 1], a[part], b[2], b[3]);
         }
