@@ -19,6 +19,14 @@ uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t(63); }
 
 void store16(void *p, uint16_t v) { std::memcpy(p, &v, 2); }
 
+#if defined(__x86_64__)
+// Whether the host conversions' AVX2 variants run here (asked once).
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+#endif
+
 } // namespace
 
 uint16_t f32_to_f16(float x) {
@@ -67,8 +75,7 @@ void load_fp8(pkv_format f, const uint8_t *src, size_t n, float scale, float *ds
 namespace {
 
 // A loop a format, whose constants are then known.
-inline __attribute__((always_inline)) void store_fp8_rows(pkv_format f, const float *src, size_t n, float scale,
-                                                          uint8_t *dst) {
+void store_fp8_rows(pkv_format f, const float *src, size_t n, float scale, uint8_t *dst) {
   if (f == PKV_FORMAT_FP8_E4M3)
     for (size_t i = 0; i < n; i++) dst[i] = f32_to_fp8(PKV_FORMAT_FP8_E4M3, src[i] / scale);
   else
@@ -110,7 +117,9 @@ __attribute__((target("avx2"))) void store_fp8_avx2_as(const float *src, size_t 
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + i),
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
-  store_fp8_rows(F, src + i, n - i, scale, dst + i);
+  // Only where values remain: entering the baseline's SSE code with the vector registers' upper
+  // halves in use costs more than a row's conversion on some processors.
+  if (i < n) store_fp8_rows(F, src + i, n - i, scale, dst + i);
 }
 
 __attribute__((target("avx2"))) void store_fp8_avx2(pkv_format f, const float *src, size_t n, float scale,
@@ -124,8 +133,7 @@ __attribute__((target("avx2"))) void store_fp8_avx2(pkv_format f, const float *s
 
 void store_fp8(pkv_format f, const float *src, size_t n, float scale, uint8_t *dst) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return store_fp8_avx2(f, src, n, scale, dst);
+  if (has_avx2()) return store_fp8_avx2(f, src, n, scale, dst);
 #endif
   store_fp8_rows(f, src, n, scale, dst);
 }
@@ -169,7 +177,7 @@ __attribute__((target("avx,f16c"))) void load_f16_f16c(const uint8_t *src, size_
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + 2 * i))));
-  load_f16_portable(src + 2 * i, n - i, dst + i);
+  if (i < n) load_f16_portable(src + 2 * i, n - i, dst + i); // only where values remain, as for FP8
 }
 
 __attribute__((target("avx,f16c"))) void store_f16_f16c(const float *src, size_t n, uint8_t *dst) {
@@ -179,7 +187,7 @@ __attribute__((target("avx,f16c"))) void store_f16_f16c(const float *src, size_t
     if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0) store_f16_portable(src + i, 8, dst + 2 * i);
     else _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + 2 * i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
   }
-  store_f16_portable(src + i, n - i, dst + 2 * i);
+  if (i < n) store_f16_portable(src + i, n - i, dst + 2 * i);
 }
 
 // f32_to_bf16 on 8 lanes of 32 bits, then the two halves' results packed: 16 values a step where the
@@ -203,7 +211,7 @@ __attribute__((target("avx2"))) void store_bf16_avx2(const float *src, size_t n,
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(dst + 2 * i), packed);
   }
-  store_bf16_portable(src + i, n - i, dst + 2 * i);
+  if (i < n) store_bf16_portable(src + i, n - i, dst + 2 * i); // only where values remain, as for FP8
 }
 
 #endif
@@ -218,7 +226,7 @@ const HalfRows &half_rows() {
 #if defined(__x86_64__)
   static const HalfRows rows{has_f16c() ? load_f16_f16c : load_f16_portable,
                              has_f16c() ? store_f16_f16c : store_f16_portable,
-                             __builtin_cpu_supports("avx2") ? store_bf16_avx2 : store_bf16_portable};
+                             has_avx2() ? store_bf16_avx2 : store_bf16_portable};
 #else
   static const HalfRows rows{load_f16_portable, store_f16_portable, store_bf16_portable};
 #endif
@@ -275,22 +283,32 @@ bool plain_group(const float *x, float id) {
 #if defined(__x86_64__)
 namespace {
 
-// quantize_q8_0 of a group whose values and scale inverse are finite, with AVX2: the same operations
-// (a maximum is the same in any order; the products, truncations and comparisons are exact lane by
-// lane), 8 values a step. False, nothing written, for any other group.
-__attribute__((target("avx2"))) bool quantize_q8_0_avx2(const float *x, uint16_t *d_out, int8_t *q) {
+// A group's 32 values (v) and magnitudes (a) in four vectors and its largest magnitude; false where
+// a value is not finite (x - x is NaN there), which the portable code's guarded conversions take.
+__attribute__((target("avx2"))) bool finite_group(const float *x, __m256 *v, __m256 *a, float *amax) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4], top = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
+  __m256 top = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
   for (int k = 0; k < 4; k++) {
     v[k] = _mm256_loadu_ps(x + 8 * k);
-    zero = _mm256_add_ps(zero, _mm256_sub_ps(v[k], v[k])); // NaN in a lane once a value is not finite
-    top = _mm256_max_ps(top, _mm256_and_ps(v[k], magnitude));
+    zero = _mm256_add_ps(zero, _mm256_sub_ps(v[k], v[k]));
+    a[k] = _mm256_and_ps(v[k], magnitude);
+    top = _mm256_max_ps(top, a[k]);
   }
   if (_mm256_movemask_ps(_mm256_cmp_ps(zero, zero, _CMP_UNORD_Q)) != 0) return false;
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  const float d = _mm_cvtss_f32(m) / 127.0f;
+  *amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+  return true;
+}
+
+// quantize_q8_0 of a group whose values and scale inverse are finite, with AVX2: the same operations
+// (a maximum is the same in any order; the products, truncations and comparisons are exact lane by
+// lane), 8 values a step. False, nothing written, for any other group.
+__attribute__((target("avx2"))) bool quantize_q8_0_avx2(const float *x, uint16_t *d_out, int8_t *q) {
+  __m256 v[4], a[4];
+  float amax;
+  if (!finite_group(x, v, a, &amax)) return false;
+  const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   if (!(std::fabs(id) <= FLT_MAX)) return false;
   *d_out = f32_to_f16(d);
@@ -315,19 +333,9 @@ __attribute__((target("avx2"))) bool quantize_q8_0_avx2(const float *x, uint16_t
 // quantize_q4_0 likewise: the scale's value is the first of the group's values of the largest
 // magnitude (the portable loop's strict comparison), +0 where all are zeros.
 __attribute__((target("avx2"))) bool quantize_q4_0_avx2(const float *x, uint16_t *d_out, uint8_t *q) {
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4], a[4], top = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
-  for (int k = 0; k < 4; k++) {
-    v[k] = _mm256_loadu_ps(x + 8 * k);
-    zero = _mm256_add_ps(zero, _mm256_sub_ps(v[k], v[k]));
-    a[k] = _mm256_and_ps(v[k], magnitude);
-    top = _mm256_max_ps(top, a[k]);
-  }
-  if (_mm256_movemask_ps(_mm256_cmp_ps(zero, zero, _CMP_UNORD_Q)) != 0) return false;
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  const float amax = _mm_cvtss_f32(m);
+  __m256 v[4], a[4];
+  float amax;
+  if (!finite_group(x, v, a, &amax)) return false;
   float max = 0.0f;
   if (amax > 0.0f) {
     const __m256 all = _mm256_set1_ps(amax);
@@ -359,8 +367,7 @@ __attribute__((target("avx2"))) bool quantize_q4_0_avx2(const float *x, uint16_t
 
 void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2 && quantize_q8_0_avx2(x, d_out, q)) return;
+  if (has_avx2() && quantize_q8_0_avx2(x, d_out, q)) return;
 #endif
   // The largest magnitude (a NaN passed over, as std::fmax does) and whether every value is finite
   // (x - x is 0 for finite x, NaN else), four lanes at a time (GCC's and Clang's vector extension): a
@@ -390,8 +397,7 @@ void quantize_q8_0(const float *x, uint16_t *d_out, int8_t *q) {
 
 void quantize_q4_0(const float *x, uint16_t *d_out, uint8_t *q) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2 && quantize_q4_0_avx2(x, d_out, q)) return;
+  if (has_avx2() && quantize_q4_0_avx2(x, d_out, q)) return;
 #endif
   float amax = 0.0f, max = 0.0f;
   for (uint32_t j = 0; j < kGroup; j++) {
