@@ -85,8 +85,8 @@ template <int W> PKV_ALWAYS_INLINE void lane_sums(const Floats<W> (&v)[8], float
 // hold leftovers the caller ignores): out[j * kTokenBlock + i] = q_j . key_i. S sums at once, R
 // rows times S / R keys, so that a load serves several multiply-adds and S chains hide their
 // latency; head_dim is a multiple of 32. Sixteen sums for four rows where the set has 32 vector
-// registers: a load serves more multiply-adds (four keys to the rows' loads, where two kept the
-// load ports as busy as the multiply-adds).
+// registers, four keys to each load of the rows' q: 0.93-0.97x the time of eight sums on the
+// AVX-512 rows measured (docs/perf/decisions.md).
 template <int W, int R>
 PKV_ALWAYS_INLINE void score_block(const float *q, const float *keys, uint32_t n, uint32_t D, float *out) {
   constexpr int S = W == 16 && R == 4 ? 16 : 8;

@@ -13,8 +13,9 @@
 //    where its format is the one K's MMAs take (exact), or where K is quantized (its f16 values are
 //    rounded already), else as a high and a low part; P as two parts of the format V's MMAs take
 //    (~16-22 bits, the precision decode keeps), or one where K is quantized: its logits are off by
-//    ~0.4% of their spread already (tests/support/oracle.c), P's rounding to f16 by 2^-12. Scores are in log2 units, times the scale in
-//    fp32 (q unscaled, so its parts keep their bits whatever the scale).
+//    ~0.4% of their spread already (tests/support/oracle.c), P's rounding to f16 by 2^-12. Scores
+//    are in log2 units, times the scale in fp32 (q unscaled, so its parts keep their bits whatever
+//    the scale).
 //  - Only the stages that reach past the tile's first row's position mask (causal, and the rows past
 //    the tile's end); the others check nothing.
 #include <math.h>
@@ -278,7 +279,7 @@ template <int D, uint32_t SKF, uint32_t SVF, int QP> __device__ void extend_mma(
         l[e / 2] += s[n][e];
       }
 
-    // O += P V, 16 positions a k-step: P's A fragment is two n-tiles of s, in two parts.
+    // O += P V, 16 positions a k-step: P's A fragment is two n-tiles of s, in PP parts.
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; kk++) {
       uint32_t a[PP][4];
