@@ -166,7 +166,9 @@ typedef struct pkv_context_desc {
   uint32_t struct_size;
   pkv_backend backend; /* PKV_BACKEND_AUTO: see pkv_backend */
   int32_t device;      /* device ordinal for GPU backends */
-  uint32_t threads;    /* CPU backend worker threads; 0: one per hardware thread */
+  uint32_t threads;    /* CPU backend: its worker threads, 0: one per hardware thread. GPU backends:
+                        * the threads that pack a large write from host memory for its transfer,
+                        * 0: 4 or the hardware's if fewer */
   void *stream;        /* GPU backends: the engine's CUstream / hipStream_t, or NULL for the library's own */
 } pkv_context_desc;
 #define PKV_CONTEXT_DESC_INIT { (uint32_t)sizeof(pkv_context_desc), PKV_BACKEND_AUTO, 0, 0, NULL }

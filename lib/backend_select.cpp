@@ -29,10 +29,10 @@ bool compiled(pkv_backend b) {
 std::unique_ptr<Backend> make(pkv_backend b, const pkv_context_desc &desc) {
   if (!compiled(b)) fail(PKV_ERR_UNSUPPORTED, "%s", missing_reason(b));
 #if PKV_WITH_CUDA
-  if (b == PKV_BACKEND_CUDA) return make_cuda_backend(desc.device, desc.stream);
+  if (b == PKV_BACKEND_CUDA) return make_cuda_backend(desc.device, desc.stream, desc.threads);
 #endif
 #if PKV_WITH_HIP
-  if (b == PKV_BACKEND_HIP) return make_hip_backend(desc.device, desc.stream);
+  if (b == PKV_BACKEND_HIP) return make_hip_backend(desc.device, desc.stream, desc.threads);
 #endif
   return make_cpu_backend(desc.threads);
 }

@@ -18,7 +18,7 @@
 #include "../seq_image.hpp"
 #include "cpu_attention.hpp"
 #include "cpu_extend.hpp"
-#include "worker_pool.hpp"
+#include "../worker_pool.hpp"
 
 #if defined(__linux__)
 #include <sys/mman.h>

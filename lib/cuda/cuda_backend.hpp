@@ -3,6 +3,7 @@
 // (cuda_device.cpp).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -11,7 +12,7 @@
 namespace pkv {
 
 // Throws with a clear status (no driver, no such device, driver too old for the kernels).
-std::unique_ptr<Backend> make_cuda_backend(int ordinal, void *stream);
+std::unique_ptr<Backend> make_cuda_backend(int ordinal, void *stream, uint32_t threads);
 // Device count and a description of each device, or why there is none.
 int cuda_devices(std::string *detail);
 

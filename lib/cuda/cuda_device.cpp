@@ -170,7 +170,7 @@ const Driver &driver_or_fail() {
 
 } // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int ordinal, void *stream) {
+std::unique_ptr<Backend> make_cuda_backend(int ordinal, void *stream, uint32_t threads) {
   const Driver &d = driver_or_fail();
   int count = 0;
   const CUresult r = d.cuDeviceGetCount(&count);
@@ -180,7 +180,7 @@ std::unique_ptr<Backend> make_cuda_backend(int ordinal, void *stream) {
   if (ordinal < 0 || ordinal >= count)
     fail(PKV_ERR_NO_DEVICE, "device %d does not exist: the CUDA driver found %d device%s", ordinal, count,
          count == 1 ? "" : "s");
-  return make_gpu_backend(std::make_unique<CudaDevice>(d, ordinal), stream);
+  return make_gpu_backend(std::make_unique<CudaDevice>(d, ordinal), stream, threads);
 }
 
 int cuda_devices(std::string *detail) {

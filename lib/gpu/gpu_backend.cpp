@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "../kernels/kernel_params.h"
@@ -98,7 +99,8 @@ PkvPool pool_params(const PoolGeometry &g) {
 // plan_buffer's.
 class GpuBackend final : public Backend {
  public:
-  GpuBackend(std::unique_ptr<Device> device, void *stream) : dev_(std::move(device)), staging_(rt_) {
+  GpuBackend(std::unique_ptr<Device> device, void *stream, uint32_t pack_threads)
+      : dev_(std::move(device)), staging_(rt_, pack_threads) {
     rt_.dev = dev_.get();
     const DecodePolicy policy = read_decode_policy();
     try {
@@ -868,11 +870,12 @@ class GpuBackend final : public Backend {
 
 } // namespace
 
-std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream) {
+std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream, uint32_t threads) {
 #if defined(PKV_FAULT_INJECTION) && PKV_FAULT_INJECTION
   device = gpu::with_faults(std::move(device)); // every runtime call a gpu_call point
 #endif
-  return std::make_unique<GpuBackend>(std::move(device), stream);
+  if (threads == 0) threads = std::min(kDefaultPackThreads, std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<GpuBackend>(std::move(device), stream, threads);
 }
 
 } // namespace pkv

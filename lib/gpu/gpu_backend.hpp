@@ -14,8 +14,14 @@ namespace pkv {
 // the tensor-core kernel's stage of PKV_MMA_WARPS x PKV_MMA_TOKENS tokens.
 constexpr uint32_t kGpuChunkTokens = 64;
 
-// `stream`: the engine's stream, or null for one of the backend's own. Throws with a clear status
+// The threads that pack a large host upload (appended rows, images from pageable memory) by default,
+// the hardware's if fewer: one core's copies into pinned memory run at a fraction of a host-to-device
+// transfer's rate.
+constexpr uint32_t kDefaultPackThreads = 4;
+
+// `stream`: the engine's stream, or null for one of the backend's own. `threads`: those that pack a
+// large upload (pkv_context_desc.threads; 0: kDefaultPackThreads at most). Throws with a clear status
 // when the device's kernels do not load or a decode kernel asked for does not exist on it.
-std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream);
+std::unique_ptr<Backend> make_gpu_backend(std::unique_ptr<gpu::Device> device, void *stream, uint32_t threads);
 
 } // namespace pkv

@@ -2,19 +2,24 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 namespace pkv {
 namespace gpu {
 
-// The bytes between pieces are zeroed, so an upload sends the same bytes on every run, nothing left
-// in the pinned buffer by an earlier one.
-void Upload::copy_into(uint8_t *dst) const {
-  uint64_t end = 0;
+// The bytes of [begin, begin + bytes) between pieces are zeroed, so an upload sends the same bytes on
+// every run, nothing left in the pinned buffer by an earlier one.
+void Upload::copy_range(uint8_t *dst, uint64_t begin, uint64_t bytes) const {
+  const uint64_t end = begin + bytes;
+  uint64_t done = begin; // [begin, done) is written
   for (const Piece &p : pieces_) {
-    if (p.offset > end) std::memset(dst + end, 0, size_t(p.offset - end));
-    if (p.bytes) std::memcpy(dst + p.offset, p.src, size_t(p.bytes));
-    end = std::max(end, p.offset + p.bytes);
+    const uint64_t from = std::max(p.offset, begin), to = std::min(p.offset + p.bytes, end);
+    if (from >= to) continue;
+    if (from > done) std::memset(dst + (done - begin), 0, size_t(from - done));
+    std::memcpy(dst + (from - begin), static_cast<const uint8_t *>(p.src) + (from - p.offset), size_t(to - from));
+    done = std::max(done, to);
   }
+  if (end > done) std::memset(dst + (done - begin), 0, size_t(end - done));
 }
 
 void Staging::start() {
@@ -69,7 +74,23 @@ void Staging::settle() {
   unsettled_ = false;
 }
 
+// The pack threads, made at the first upload that would use them; where the system refuses a thread,
+// uploads are packed on the calling thread alone.
+WorkerPool *Staging::packers() {
+  if (!packers_ && pack_threads_ > 1) {
+    try {
+      packers_ = std::make_unique<WorkerPool>(pack_threads_);
+    } catch (...) {
+      pack_threads_ = 1;
+    }
+  }
+  return packers_.get();
+}
+
 // Two pinned buffers take turns, so the host waits only when the transfer before last is still going.
+// The upload is packed a chunk at a time, each chunk's transfer queued as soon as it is packed, so the
+// device copies while the host packs on. A large upload is packed by the pack threads, each queuing
+// the chunks it packed: chunks land in any order, all before the work queued after the call.
 DevPtr Staging::send(const Upload &up, DevPtr dst) {
   if (up.total() == 0) return 0;
   settle();
@@ -82,9 +103,26 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
     ensure(&device_stage_, up.total()); // one device buffer: uploads are ordered by the stream
     dst = device_stage_.ptr;
   }
-  up.copy_into(static_cast<uint8_t *>(h.buffer.ptr));
-  rt_.check(rt_.dev->copy_to_device(dst, h.buffer.ptr, size_t(up.total()), rt_.stream));
+  auto *buf = static_cast<uint8_t *>(h.buffer.ptr);
+  const uint64_t chunks = (up.total() + kSendChunk - 1) / kSendChunk;
+  auto send_chunk = [&](uint64_t c) {
+    const uint64_t at = c * kSendChunk, bytes = std::min(kSendChunk, up.total() - at);
+    up.copy_range(buf + at, at, bytes);
+    return [=] { return rt_.dev->copy_to_device(dst + at, buf + at, size_t(bytes), rt_.stream); };
+  };
   unsettled_ = true;
+  WorkerPool *pool = chunks > 1 ? packers() : nullptr;
+  if (pool) {
+    std::mutex queue_mu;
+    pool->run(uint32_t(chunks), [&](uint32_t c, uint32_t) {
+      const auto queue = send_chunk(c);
+      const std::lock_guard<std::mutex> lock(queue_mu);
+      Current current(rt_);
+      rt_.check(queue());
+    });
+  } else {
+    for (uint64_t c = 0; c < chunks; c++) rt_.check(send_chunk(c)());
+  }
   rt_.check(rt_.dev->event_record(h.sent, rt_.stream));
   unsettled_ = false;
   h.pending = true;

@@ -1,17 +1,25 @@
 // The GPU backend's transfers and scratch memory: host pieces packed into one upload through pinned
-// staging buffers, results read back through one pinned buffer, and device buffers that grow with
-// the work (those a captured graph may hold the address of are kept when outgrown).
+// staging buffers (by several threads where it is large), results read back through one pinned
+// buffer, and device buffers that grow with the work (those a captured graph may hold the address of
+// are kept when outgrown).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "../worker_pool.hpp"
 #include "runtime.hpp"
 
 namespace pkv {
 namespace gpu {
 
 inline uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
+
+// The piece of an upload packed into pinned memory before its transfer is queued: small enough that
+// the device starts copying soon, large enough that the transfers' driver calls stay few.
+constexpr uint64_t kSendChunk = 1ull << 20;
 
 // Pieces of host memory gathered into one upload: each gets a 16-byte aligned offset.
 class Upload {
@@ -26,7 +34,8 @@ class Upload {
     if (offset + bytes > total_) total_ = offset + bytes;
   }
   uint64_t total() const { return total_; }
-  void copy_into(uint8_t *dst) const;
+  // The upload's bytes [begin, begin + bytes) into dst.
+  void copy_range(uint8_t *dst, uint64_t begin, uint64_t bytes) const;
 
  private:
   struct Piece {
@@ -44,7 +53,8 @@ struct DeviceBuffer {
 
 class Staging {
  public:
-  explicit Staging(const Runtime &rt) : rt_(rt) {}
+  // pack_threads: the threads (the caller's included) that pack an upload of several chunks.
+  Staging(const Runtime &rt, uint32_t pack_threads) : rt_(rt), pack_threads_(std::max(1u, pack_threads)) {}
   Staging(const Staging &) = delete;
   Staging &operator=(const Staging &) = delete;
 
@@ -53,8 +63,8 @@ class Staging {
   // Frees everything, in the device's context, the stream idle.
   void release() noexcept;
 
-  // One packed host-to-device transfer through a pinned staging buffer into `dst` (0: the device
-  // staging buffer); returns where it lands.
+  // Host pieces packed through a pinned staging buffer into `dst` (0: the device staging buffer),
+  // ordered as one transfer on the stream; returns where they land.
   DevPtr send(const Upload &up, DevPtr dst = 0);
   // `bytes` from the device, in one transfer into a pinned buffer, waited for (with the work queued
   // before it).
@@ -77,10 +87,13 @@ class Staging {
     bool pending = false;
   };
   void ensure_pinned(PinnedBuffer *buf, uint64_t bytes);
+  WorkerPool *packers();
   // Waits for the stream where a transfer's own wait failed (unsettled_).
   void settle();
 
   const Runtime &rt_;
+  uint32_t pack_threads_;
+  std::unique_ptr<WorkerPool> packers_;
   // A transfer through pinned memory was queued but neither its event recorded nor waited for: until
   // the stream is, no pinned buffer may be rewritten or freed.
   bool unsettled_ = false;

@@ -149,7 +149,7 @@ const Runtime &runtime_or_fail() {
 
 } // namespace
 
-std::unique_ptr<Backend> make_hip_backend(int ordinal, void *stream) {
+std::unique_ptr<Backend> make_hip_backend(int ordinal, void *stream, uint32_t threads) {
   const Runtime &r = runtime_or_fail();
   int count = 0;
   const hipError_t e = r.hipGetDeviceCount(&count);
@@ -159,7 +159,7 @@ std::unique_ptr<Backend> make_hip_backend(int ordinal, void *stream) {
   if (ordinal < 0 || ordinal >= count)
     fail(PKV_ERR_NO_DEVICE, "device %d does not exist: the HIP runtime found %d device%s", ordinal, count,
          count == 1 ? "" : "s");
-  return make_gpu_backend(std::make_unique<HipDevice>(r, ordinal), stream);
+  return make_gpu_backend(std::make_unique<HipDevice>(r, ordinal), stream, threads);
 }
 
 int hip_devices(std::string *detail) {

@@ -126,7 +126,7 @@ Call FakeDevice::host_alloc(void **ptr, size_t bytes) {
   FakeVector<uint8_t> buffer(bytes, kPinnedPattern);
   const uint8_t *at = buffer.data();
   *ptr = buffer.data();
-  pinned_.emplace(at, Pinned{std::move(buffer), 0});
+  pinned_.emplace(at, Pinned{std::move(buffer), {}});
   ledger_->live[FakeLedger::pinned_memory]++;
   return ok("host_alloc");
 }
@@ -140,13 +140,19 @@ Call FakeDevice::copy_to_device(DevPtr dst, const void *src, size_t bytes, pkv::
   uint8_t *d = at(dst, bytes);
   if (!d) return {1, "copy_to_device (past the end of its allocation)"};
   Pinned *from = pinned(src);
-  if (from && from->read_by > done_) return {1, "copy_to_device (from pinned memory a transfer may still read)"};
+  const uint64_t begin = from ? uint64_t(static_cast<const uint8_t *>(src) - from->bytes.data()) : 0, end = begin + bytes;
+  if (from) {
+    FakeVector<Read> &reads = from->reads;
+    reads.erase(std::remove_if(reads.begin(), reads.end(), [&](const Read &r) { return r.by <= done_; }), reads.end());
+    for (const Read &r : reads)
+      if (r.begin < end && begin < r.end) return {1, "copy_to_device (from pinned memory a transfer may still read)"};
+  }
   std::memcpy(d, src, bytes);
   queued_++;
   if (ledger_->recording) // the hash only where it is kept: it costs more than the copy
     record("copy to %llu: %zu bytes, hash %016llx", (unsigned long long)(dst - std::prev(memory_.upper_bound(dst))->first),
            bytes, (unsigned long long)fnv1a(src, bytes));
-  if (from) from->read_by = queued_;
+  if (from) from->reads.push_back({begin, end, queued_});
   return ok("copy_to_device");
 }
 Call FakeDevice::copy_to_host(void *dst, DevPtr src, size_t bytes, pkv::gpu::Stream) {

@@ -1,8 +1,8 @@
 // A stand-in GPU for the GPU backend's host code (lib/gpu/): an H200-like gpu::Device whose memory
 // is host memory, where copies land at once and launches do nothing. Every copy must stay inside
 // the allocation it touches, as a real device would insist, and a copy from pinned memory must not
-// reuse a buffer that an earlier transfer, for all the host has waited for, may still be reading
-// (the host has rewritten it): a real device copies asynchronously. A decode kernel must find its
+// read bytes that an earlier transfer, for all the host has waited for, may still be reading
+// (the host has rewritten them): a real device copies asynchronously. A decode kernel must find its
 // chunk counters zero, as the kernels leave them (lib/kernels/kernel_params.h). The image copy kernel
 // is the one launch it carries out, so that exported images and imported pages are whole. Its ledger, which may outlive it, counts
 // what is alive (no leak leaves a count above 0) and can record what the backend asked of it.
@@ -116,9 +116,13 @@ class FakeDevice final : public pkv::gpu::Device, public pkv::gpu::TensorCores {
   pkv::gpu::Images images_{image_, image_, image_, image_, image_, "fake"};
   FakeLedger own_, *ledger_;
   FakeMap<pkv::DevPtr, FakeVector<uint8_t>> memory_;
+  // Bytes [begin, end) of a pinned buffer read by transfer `by`.
+  struct Read {
+    uint64_t begin, end, by;
+  };
   struct Pinned {
     FakeVector<uint8_t> bytes;
-    uint64_t read_by = 0; // the last transfer out of it
+    FakeVector<Read> reads; // transfers out of it not known finished
   };
   // The pinned buffer holding p, or null.
   Pinned *pinned(const void *p);

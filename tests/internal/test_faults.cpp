@@ -93,7 +93,7 @@ pkv_status context_create(World &w, pkv_backend backend, pkv_context **out) {
   if (g_target == Target::fake)
     return pkv::guarded("pkv_context_create", [&] {
       auto ctx = std::make_unique<pkv_context>();
-      ctx->backend = pkv::make_gpu_backend(std::unique_ptr<pkv::gpu::Device>(new FakeDevice(&w.ledger)), nullptr);
+      ctx->backend = pkv::make_gpu_backend(std::unique_ptr<pkv::gpu::Device>(new FakeDevice(&w.ledger)), nullptr, 0);
       *out = ctx.release();
     });
   pkv_context_desc d = context_desc();

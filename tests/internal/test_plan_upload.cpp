@@ -6,7 +6,8 @@
 // numbered as the merge expects, byte for byte the planner's records. Uniform and balanced plans,
 // fillers included, for the tensor-core kernel (a record per KV head) and the CUDA-core kernel (a
 // record per chunk); every transfer must stay inside the allocation it writes, as a real device
-// would insist. Runs without a GPU.
+// would insist. Also the uploads themselves: an upload's pieces packed in ranges, and a write larger
+// than a staging chunk landing whole. Runs without a GPU.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "error.hpp"
 #include "fake_device.hpp"
 #include "gpu/gpu_backend.hpp"
+#include "gpu/staging.hpp"
 #include "kernels/kernel_params.h"
 #include "plan.hpp"
 extern "C" {
@@ -45,14 +47,14 @@ struct Setup {
 };
 
 // A backend on a fresh stand-in device, with the decode kernel family PKV_KERNEL_FAMILY names, and
-// a pool geometry of one page whose plan buffer is the backend's size for it.
-Setup make_setup(const char *family, uint32_t kv_heads, uint32_t head_dim, pkv_format format) {
+// a pool geometry of one page whose plan buffer is the backend's size for it; `threads` pack uploads.
+Setup make_setup(const char *family, uint32_t kv_heads, uint32_t head_dim, pkv_format format, uint32_t threads = 0) {
   tu_set_env("PKV_KERNEL_FAMILY", family);
   auto device = std::make_unique<FakeDevice>();
   Setup s;
   s.device = device.get();
   try {
-    s.backend = make_gpu_backend(std::move(device), nullptr);
+    s.backend = make_gpu_backend(std::move(device), nullptr, threads);
   } catch (const Error &e) {
     fail_msg("the backend on the stand-in device: %s", e.message.c_str());
   }
@@ -218,6 +220,70 @@ void alternating_plans(void **) {
     for (Balance balance : {Balance::always, Balance::never}) check_upload(s, batches()[0], balance, true);
 }
 
+// Random bytes, none of them zero, so that a piece that is not copied shows.
+std::vector<uint8_t> random_bytes(tu_rng *rng, size_t n) {
+  std::vector<uint8_t> b(n);
+  for (uint8_t &x : b) x = uint8_t(1 + tu_below(rng, 255));
+  return b;
+}
+
+// An upload of pieces with gaps between them (some pieces empty, some crossing kSendChunk
+// boundaries), read back in random windows: each window holds the pieces' bytes where they were
+// placed and zeros between them, as a layout built here says.
+void upload_ranges(void **) {
+  tu_rng rng = tu_rng_make(tu_seed());
+  for (int round = 0; round < 20; round++) {
+    gpu::Upload up;
+    std::vector<std::vector<uint8_t>> pieces;
+    std::vector<uint8_t> want;
+    const int n = 1 + int(tu_below(&rng, 6));
+    for (int i = 0; i < n; i++) {
+      const size_t bytes = tu_below(&rng, 4) == 0 ? 0 : 1 + tu_below(&rng, uint32_t(gpu::kSendChunk + 1000));
+      pieces.push_back(random_bytes(&rng, bytes));
+      uint64_t at;
+      if (tu_below(&rng, 2)) {
+        at = up.add(pieces.back().data(), bytes);
+      } else {
+        at = align16(up.total() + tu_below(&rng, 5000));
+        up.place(at, pieces.back().data(), bytes);
+      }
+      want.resize(std::max<size_t>(want.size(), at + bytes), 0);
+      std::copy(pieces.back().begin(), pieces.back().end(), want.begin() + at);
+    }
+    assert_int_equal(up.total(), want.size());
+    for (int w = 0; w < 8 && !want.empty(); w++) {
+      const uint64_t begin = tu_below(&rng, uint32_t(want.size()));
+      const uint64_t bytes = 1 + tu_below(&rng, uint32_t(want.size() - begin));
+      std::vector<uint8_t> got(bytes + 2, 0xa5);
+      up.copy_range(got.data() + 1, begin, bytes);
+      assert_int_equal(got[0], 0xa5);
+      assert_int_equal(got[bytes + 1], 0xa5);
+      assert_memory_equal(got.data() + 1, want.data() + begin, bytes);
+    }
+  }
+}
+
+// A write of several chunks (and a last part of one) lands whole, byte for byte, where it was sent,
+// packed by the calling thread alone and by several.
+void write_lands_whole(uint32_t threads) {
+  Setup s = make_setup(nullptr, 8, 128, PKV_FORMAT_F16, threads);
+  tu_rng rng = tu_rng_make(tu_seed());
+  const uint64_t bytes = 3 * gpu::kSendChunk + 16 * (1 + tu_below(&rng, 1000));
+  const DevPtr dst = s.backend->alloc(bytes);
+  const std::vector<uint8_t> src = random_bytes(&rng, size_t(bytes));
+  try {
+    s.backend->write_device(dst, src.data(), bytes);
+    s.backend->synchronize();
+  } catch (const Error &e) {
+    fail_msg("the write: %s", e.message.c_str());
+  }
+  assert_memory_equal(s.device->at(dst, bytes), src.data(), bytes);
+  s.backend->release(dst);
+}
+void large_write_lands_whole(void **) {
+  for (uint32_t threads : {1, 3}) write_lands_whole(threads);
+}
+
 } // namespace
 
 int main(void) {
@@ -226,6 +292,8 @@ int main(void) {
       cmocka_unit_test(tensor_core_balanced),
       cmocka_unit_test(cuda_core_uniform),
       cmocka_unit_test(alternating_plans),
+      cmocka_unit_test(upload_ranges),
+      cmocka_unit_test(large_write_lands_whole),
   };
   return tu_run_tests(tests, nullptr, nullptr);
 }

@@ -1,5 +1,6 @@
 // A fixed set of threads that run the items of one parallel loop at a time; the calling thread
-// works too. Used by the CPU backend so a decode call costs no thread creation.
+// works too. The CPU backend's attention runs on one, so a decode call costs no thread creation; the
+// GPU backend packs large uploads on one.
 #pragma once
 
 #include <condition_variable>

@@ -4,8 +4,8 @@
 #include <system_error>
 #include <utility>
 
-#include "../error.hpp"
-#include "../fault.hpp"
+#include "error.hpp"
+#include "fault.hpp"
 
 namespace pkv {
 
