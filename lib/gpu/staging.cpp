@@ -24,6 +24,7 @@ void Upload::copy_range(uint8_t *dst, uint64_t begin, uint64_t bytes) const {
 
 void Staging::start() {
   for (HostStage &h : stages_) rt_.check(rt_.dev->event_create(&h.sent, false));
+  for (HostStage &h : small_) rt_.check(rt_.dev->event_create(&h.sent, false));
 }
 
 void Staging::release() noexcept {
@@ -32,10 +33,12 @@ void Staging::release() noexcept {
   for (DeviceBuffer &b : kept_)
     if (b.ptr) dev.free(b.ptr);
   if (download_.ptr) dev.host_free(download_.ptr);
-  for (HostStage &h : stages_) {
+  auto free_stage = [&](HostStage &h) {
     if (h.buffer.ptr) dev.host_free(h.buffer.ptr);
     if (h.sent) dev.event_destroy(h.sent);
-  }
+  };
+  for (HostStage &h : stages_) free_stage(h);
+  for (HostStage &h : small_) free_stage(h);
 }
 
 void Staging::ensure(DeviceBuffer *buf, uint64_t bytes) {
@@ -48,11 +51,11 @@ void Staging::ensure(DeviceBuffer *buf, uint64_t bytes) {
   buf->bytes = want;
 }
 
-// Grows send's or receive's pinned host memory (to twice its size and 1 MB more, at least); no
-// transfer through it is in flight: send waits for its own first, receive's are waited for.
-void Staging::ensure_pinned(PinnedBuffer *buf, uint64_t bytes) {
+// Grows send's or receive's pinned host memory (to twice its size and 1 MB more, at least, unless
+// exact); no transfer through it is in flight: send waits for its own first, receive's are waited for.
+void Staging::ensure_pinned(PinnedBuffer *buf, uint64_t bytes, bool exact) {
   if (bytes <= buf->bytes) return;
-  const uint64_t want = std::max<uint64_t>(bytes, 2 * buf->bytes + (1 << 20));
+  const uint64_t want = exact ? bytes : std::max<uint64_t>(bytes, 2 * buf->bytes + (1 << 20));
   if (buf->ptr) rt_.dev->host_free(buf->ptr);
   *buf = PinnedBuffer{};
   rt_.check(rt_.dev->host_alloc(&buf->ptr, size_t(want)), " (staging)");
@@ -87,18 +90,26 @@ WorkerPool *Staging::packers() {
   return packers_.get();
 }
 
-// Two pinned buffers take turns, so the host waits only when the transfer before last is still going.
-// The upload is packed a chunk at a time, each chunk's transfer queued as soon as it is packed, so the
+// Two pinned buffers take turns, so the host waits only when the transfer before last is still going
+// (sixteen for small uploads: kSmallStages). The upload is packed a chunk at a time, each chunk's transfer queued as soon as it is packed, so the
 // device copies while the host packs on. A large upload is packed by the pack threads, each queuing
 // the chunks it packed: chunks land in any order, all before the work queued after the call.
+Staging::HostStage &Staging::take_stage(uint64_t bytes) {
+  const bool small = bytes <= kSmallUpload;
+  HostStage &h = small ? small_[next_small_] : stages_[next_stage_];
+  if (small) next_small_ = (next_small_ + 1) % kSmallStages;
+  else next_stage_ = 1 - next_stage_;
+  if (h.pending) rt_.check(rt_.dev->event_synchronize(h.sent));
+  h.pending = false;
+  if (small) ensure_pinned(&h.buffer, kSmallUpload, true);
+  else ensure_pinned(&h.buffer, bytes);
+  return h;
+}
+
 DevPtr Staging::send(const Upload &up, DevPtr dst) {
   if (up.total() == 0) return 0;
   settle();
-  HostStage &h = stages_[next_stage_];
-  next_stage_ = 1 - next_stage_;
-  if (h.pending) rt_.check(rt_.dev->event_synchronize(h.sent));
-  h.pending = false;
-  ensure_pinned(&h.buffer, up.total());
+  HostStage &h = take_stage(up.total());
   if (!dst) {
     ensure(&device_stage_, up.total()); // one device buffer: uploads are ordered by the stream
     dst = device_stage_.ptr;

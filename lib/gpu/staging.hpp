@@ -20,6 +20,12 @@ inline uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
 // The piece of an upload packed into pinned memory before its transfer is queued: small enough that
 // the device starts copying soon, large enough that the transfers' driver calls stay few.
 constexpr uint64_t kSendChunk = 1ull << 20;
+// Uploads of at most kSmallUpload bytes (a decode's plan and page-table changes, q from host memory
+// for a step) take turns through kSmallStages pinned buffers of that size, so that the host waits
+// only for the transfer that many uploads back: a stream that runs behind its host by a few calls
+// does not hold each call to the device's pace, as two buffers taking turns did.
+constexpr uint64_t kSmallUpload = 64ull << 10;
+constexpr unsigned kSmallStages = 16;
 
 // Pieces of host memory gathered into one upload: each gets a 16-byte aligned offset.
 class Upload {
@@ -86,7 +92,10 @@ class Staging {
     Event sent = nullptr; // the transfer out of it has finished
     bool pending = false;
   };
-  void ensure_pinned(PinnedBuffer *buf, uint64_t bytes);
+  // exact: `bytes` and no more where it grows.
+  void ensure_pinned(PinnedBuffer *buf, uint64_t bytes, bool exact = false);
+  // The next stage for an upload of `bytes`, its last transfer finished, its buffer large enough.
+  HostStage &take_stage(uint64_t bytes);
   WorkerPool *packers();
   // Waits for the stream where a transfer's own wait failed (unsettled_).
   void settle();
@@ -99,6 +108,8 @@ class Staging {
   bool unsettled_ = false;
   HostStage stages_[2];
   unsigned next_stage_ = 0;
+  HostStage small_[kSmallStages];
+  unsigned next_small_ = 0;
   PinnedBuffer download_; // receive's
   DeviceBuffer device_stage_;
   std::vector<DeviceBuffer> kept_; // outgrown (grow_kept)
