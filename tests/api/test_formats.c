@@ -3,7 +3,7 @@
  * every page format.
  *
  * One file past 500 lines: every format's conversions and its round trip through pages, one
- * format table for both. */
+ * format table for both. A write of several megabytes read back whole. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -701,6 +701,43 @@ static void pool_round_trips(void **state) {
       }
 }
 
+/* One write of several megabytes from host memory (three ragged sequences, 8 KV heads of 128 values:
+ * ~17 MB of F16 rows), read back whole: a GPU backend packs it a chunk at a time, with one packing
+ * thread and with three. */
+static void large_write_round_trip(void **state) {
+  (void)state;
+  for (uint32_t threads = 1; threads <= 3; threads += 2) {
+    const uint32_t nseq = 3, kv_heads = 8, head_dim = 128, page_size = 16;
+    uint32_t n[3] = {1800 + tu_below(&rng, 400), 1000 + tu_below(&rng, 600), 1 + tu_below(&rng, 900)}, len[3];
+    uint32_t max_len = 0, pages = 1;
+    for (uint32_t s = 0; s < nseq; s++) {
+      len[s] = n[s];
+      max_len = n[s] > max_len ? n[s] : max_len;
+      pages += (n[s] + page_size - 1) / page_size;
+    }
+    pkv_pool_desc d = pu_desc(1, kv_heads, head_dim, page_size, pages, 4, PKV_FORMAT_F16, PKV_FORMAT_BF16);
+    d.page_order_seed = (uint32_t)tu_next(&rng) | 1u;
+    pkv_context_desc cd = PKV_CONTEXT_DESC_INIT;
+    cd.threads = threads;
+    pkv_context *ctx;
+    pkv_pool *pool;
+    assert_int_equal(pkv_context_create(&cd, &ctx), PKV_OK);
+    assert_int_equal(pkv_pool_create(ctx, &d, &pool), PKV_OK);
+    row_model m = {nseq, 1, max_len, kv_heads * head_dim, NULL, NULL};
+    const size_t model_floats = (size_t)nseq * max_len * m.width;
+    m.k = pu_malloc(model_floats * sizeof(float));
+    m.v = pu_malloc(model_floats * sizeof(float));
+    pkv_seq seqs[3];
+    for (uint32_t s = 0; s < nseq; s++) assert_int_equal(pkv_seq_alloc(pool, &seqs[s]), PKV_OK);
+    assert_int_equal(pkv_append(pool, seqs, n, nseq), PKV_OK);
+    write_layer(pool, &m, seqs, len, n, 0, PKV_FORMAT_F16);
+    for (uint32_t s = 0; s < nseq; s++) check_read(pool, &m, &d, seqs[s], s, 0, 0, len[s], PKV_FORMAT_F32, 1, 1);
+    free(m.k);
+    free(m.v);
+    pu_close(ctx, pool);
+  }
+}
+
 int main(void) {
   rng = tu_rng_make(tu_seed());
   const struct CMUnitTest tests[] = {
@@ -709,6 +746,7 @@ int main(void) {
       cmocka_unit_test(test_bad_arguments),    cmocka_unit_test(pool_round_trips),
       cmocka_unit_test(test_non_finite),       cmocka_unit_test(test_non_finite_pool),
       cmocka_unit_test(test_tiny_groups),      cmocka_unit_test(test_fp8),
+      cmocka_unit_test(large_write_round_trip),
   };
   return tu_run_tests(tests, NULL, NULL);
 }
