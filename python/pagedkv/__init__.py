@@ -271,8 +271,10 @@ class Context:
     def __init__(self, backend: Union[Backend, str, int] = Backend.AUTO, device: int = 0, threads: int = 0,
                  stream: Any = None):
         """backend: auto (the environment's PKV_BACKEND, else the first that works), cpu, cuda or hip.
-        threads: the CPU backend's workers (0: one per hardware thread). stream: the engine's CUstream /
-        hipStream_t as an int, or an object with a cuda_stream attribute (torch.cuda.Stream)."""
+        threads: the CPU backend's workers (0: one per hardware thread); on a GPU backend, the threads
+        that pack a large write from host memory (0: 4, or the hardware's if fewer). stream: the
+        engine's CUstream / hipStream_t as an int, or an object with a cuda_stream attribute
+        (torch.cuda.Stream)."""
         self._ptr = ctypes.c_void_p()
         self.stream = int(getattr(stream, "cuda_stream", stream) or 0)
         desc = _ffi.new_struct(_ffi.ContextDesc, backend=_enum(Backend, backend, "backend"), device=device,
