@@ -15,8 +15,8 @@ namespace pkv {
 constexpr uint32_t kGpuChunkTokens = 64;
 
 // The threads that pack a large host upload (appended rows, images from pageable memory) by default,
-// the hardware's if fewer: one core's copies into pinned memory run at a fraction of a host-to-device
-// transfer's rate.
+// the hardware's if fewer: one core packed ~6 GB/s into pinned memory where the link took 55 GB/s,
+// and four took a 4K-token append to 0.38x the time (8: 0.31x; H100, docs/perf/decisions.md).
 constexpr uint32_t kDefaultPackThreads = 4;
 
 // `stream`: the engine's stream, or null for one of the backend's own. `threads`: those that pack a

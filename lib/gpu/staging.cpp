@@ -90,10 +90,8 @@ WorkerPool *Staging::packers() {
   return packers_.get();
 }
 
-// Two pinned buffers take turns, so the host waits only when the transfer before last is still going
-// (sixteen for small uploads: kSmallStages). The upload is packed a chunk at a time, each chunk's transfer queued as soon as it is packed, so the
-// device copies while the host packs on. A large upload is packed by the pack threads, each queuing
-// the chunks it packed: chunks land in any order, all before the work queued after the call.
+// Two pinned buffers take turns for large uploads, kSmallStages for small ones, so the host waits only
+// when the transfer that many uploads back is still going.
 Staging::HostStage &Staging::take_stage(uint64_t bytes) {
   const bool small = bytes <= kSmallUpload;
   HostStage &h = small ? small_[next_small_] : stages_[next_stage_];
@@ -106,6 +104,10 @@ Staging::HostStage &Staging::take_stage(uint64_t bytes) {
   return h;
 }
 
+// The upload is packed a chunk at a time, each chunk's transfer queued as soon as it is packed, so the
+// device copies while the host packs on. An upload of several chunks is packed by the pack threads,
+// each queuing the chunks it packed: chunks land in any order, all before the work queued after the
+// call.
 DevPtr Staging::send(const Upload &up, DevPtr dst) {
   if (up.total() == 0) return 0;
   settle();
@@ -116,23 +118,24 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
   }
   auto *buf = static_cast<uint8_t *>(h.buffer.ptr);
   const uint64_t chunks = (up.total() + kSendChunk - 1) / kSendChunk;
-  auto send_chunk = [&](uint64_t c) {
-    const uint64_t at = c * kSendChunk, bytes = std::min(kSendChunk, up.total() - at);
-    up.copy_range(buf + at, at, bytes);
-    return [=] { return rt_.dev->copy_to_device(dst + at, buf + at, size_t(bytes), rt_.stream); };
+  auto at = [](uint64_t c) { return c * kSendChunk; };
+  auto bytes = [&](uint64_t c) { return std::min(kSendChunk, up.total() - at(c)); };
+  auto pack = [&](uint64_t c) { up.copy_range(buf + at(c), at(c), bytes(c)); };
+  auto queue = [&](uint64_t c) {
+    rt_.check(rt_.dev->copy_to_device(dst + at(c), buf + at(c), size_t(bytes(c)), rt_.stream));
   };
   unsettled_ = true;
   WorkerPool *pool = chunks > 1 ? packers() : nullptr;
   if (pool) {
     std::mutex queue_mu;
     pool->run(uint32_t(chunks), [&](uint32_t c, uint32_t) {
-      const auto queue = send_chunk(c);
+      pack(c);
       const std::lock_guard<std::mutex> lock(queue_mu);
-      Current current(rt_);
-      rt_.check(queue());
+      Current current(rt_); // a pack thread's own: the device made current on it
+      queue(c);
     });
   } else {
-    for (uint64_t c = 0; c < chunks; c++) rt_.check(send_chunk(c)());
+    for (uint64_t c = 0; c < chunks; c++) pack(c), queue(c);
   }
   rt_.check(rt_.dev->event_record(h.sent, rt_.stream));
   unsettled_ = false;

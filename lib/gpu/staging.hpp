@@ -21,9 +21,9 @@ inline uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
 // the device starts copying soon, large enough that the transfers' driver calls stay few.
 constexpr uint64_t kSendChunk = 1ull << 20;
 // Uploads of at most kSmallUpload bytes (a decode's plan and page-table changes, q from host memory
-// for a step) take turns through kSmallStages pinned buffers of that size, so that the host waits
-// only for the transfer that many uploads back: a stream that runs behind its host by a few calls
-// does not hold each call to the device's pace, as two buffers taking turns did.
+// for a step) take turns through kSmallStages pinned buffers of that size, so that a caller whose
+// stream runs a few calls behind is not held to the device's pace by each upload (a new plan each
+// call: 0.82x the host time of two buffers on an H100, docs/perf/decisions.md).
 constexpr uint64_t kSmallUpload = 64ull << 10;
 constexpr unsigned kSmallStages = 16;
 
