@@ -62,8 +62,9 @@ void usage() {
       "  %% bw       GB/s as a percentage of the read bandwidth measured in the same run\n"
       "  base us    the same decode over a contiguous, padded cache (the baseline)\n"
       "  ratio      base us / time us: above 1, paging is faster than padding\n"
-      "append rows: rows written per call, time per call, rows/s, and GB/s of the f16 source and of the\n"
-      "pages written; host overhead rows: the host time of one call of each kind; sequence image rows:\n"
+      "append rows: rows written per call, time per call, rows/s, GB/s of the f16 source and of the pages\n"
+      "written, and a plain copy of the source's bytes into device memory (%% copy: src GB/s of its rate);\n"
+      "host overhead rows: the host time of one call of each kind; sequence image rows:\n"
       "pkv_seq_export/pkv_seq_import of one sequence (32 layers; 32K tokens with --full, else 4K) to and\n"
       "from host (pinned on a GPU) and device memory, MB, time, GB/s, and a plain copy of the same bytes.\n"
       "Rows print as each workload finishes; the JSON file is rewritten after each row.\n");

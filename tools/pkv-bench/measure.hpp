@@ -34,6 +34,7 @@ struct AppendResult {
   pkv_format fmt = PKV_FORMAT_INVALID;
   uint32_t rows = 0; // rows (tokens) per timed call
   double us = 0, rows_per_s = 0, src_gbs = 0, page_gbs = 0;
+  double copy_us = 0, copy_gbs = 0; // the plain copy of the source's bytes into device memory
 };
 
 AppendResult measure_append(Env &e, pkv_format fmt, bool prefill);

@@ -67,14 +67,14 @@ void print_left_to_full(const std::vector<Workload> &run, const std::string &fil
 }
 
 void print_append_header() {
-  std::printf("\n%-34s %6s %10s %12s %10s %10s\n", "append (host f16 source)", "rows", "time us", "rows/s",
-              "src GB/s", "page GB/s");
+  std::printf("\n%-34s %6s %10s %12s %10s %10s %10s %8s  %s\n", "append (host f16 source)", "rows", "time us", "rows/s",
+              "src GB/s", "page GB/s", "copy GB/s", "% copy", "(copy: the source's bytes into device memory)");
 }
 
 void print_append_row(const AppendResult &r) {
   if (r.status == "ok")
-    std::printf("%-34s %6u %10.1f %12.0f %10.2f %10.2f\n", r.id.c_str(), r.rows, r.us, r.rows_per_s, r.src_gbs,
-                r.page_gbs);
+    std::printf("%-34s %6u %10.1f %12.0f %10.2f %10.2f %10.2f %8.1f\n", r.id.c_str(), r.rows, r.us, r.rows_per_s,
+                r.src_gbs, r.page_gbs, r.copy_gbs, 100.0 * r.src_gbs / r.copy_gbs);
   else
     std::printf("%-34s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
   std::fflush(stdout);
@@ -174,11 +174,13 @@ void write_json(const char *path, const Env &e, const Meta &m, const std::vector
     const AppendResult &r = app[i];
     bool ok = r.status == "ok";
     std::fprintf(f, "%s\n    {\"id\": %s, \"status\": %s, \"reason\": %s, \"page_format\": %s, \"src_format\": \"f16\", "
-                    "\"rows_per_call\": %u, \"time_us\": %s, \"rows_per_s\": %s, \"src_gbs\": %s, \"page_gbs\": %s}",
+                    "\"rows_per_call\": %u, \"time_us\": %s, \"rows_per_s\": %s, \"src_gbs\": %s, \"page_gbs\": %s, "
+                    "\"copy_time_us\": %s, \"copy_gbs\": %s}",
                  i ? "," : "", json_str(r.id).c_str(), json_str(r.status).c_str(), json_str(r.reason).c_str(),
                  json_str(pkv_format_name(r.fmt)).c_str(), r.rows, ok ? json_num(r.us).c_str() : "null",
                  ok ? json_num(r.rows_per_s).c_str() : "null", ok ? json_num(r.src_gbs).c_str() : "null",
-                 ok ? json_num(r.page_gbs).c_str() : "null");
+                 ok ? json_num(r.page_gbs).c_str() : "null", ok ? json_num(r.copy_us).c_str() : "null",
+                 ok ? json_num(r.copy_gbs).c_str() : "null");
   }
   std::fprintf(f, "\n  ],\n  \"overhead\": [");
   for (size_t i = 0; i < ovh.size(); i++) {

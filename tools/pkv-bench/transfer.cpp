@@ -2,10 +2,10 @@
 // layer, into and out of host memory (pinned, on a GPU) and device memory, each against a plain copy
 // of the same bytes in the same direction measured in the same run.
 #include "measure.hpp"
+#include "plain_copy.hpp"
 #include "pools.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 namespace bench {
 
@@ -17,51 +17,6 @@ const TransferItem kTransfers[4] = {
 namespace {
 
 constexpr uint32_t kLayers = 32, kPage = 16;
-
-// The bytes of an image buffer where a row wants them: pinned host memory or device memory from the
-// bench's GPU, or plain host memory on the CPU (where device memory is host memory too).
-struct Buffer {
-  Env &e;
-  bool device;
-  size_t bytes;
-  void *ptr = nullptr;
-  std::vector<uint8_t> host;
-  Buffer(Env &env, bool on_device, size_t n) : e(env), device(on_device), bytes(n) {
-    if (!e.dev) {
-      host.resize(n);
-      ptr = host.data();
-    } else {
-      ptr = device ? e.dev->alloc(n) : e.dev->alloc_pinned(n);
-    }
-  }
-  ~Buffer() {
-    if (e.dev) device ? e.dev->release(ptr) : e.dev->release_pinned(ptr);
-  }
-  Buffer(const Buffer &) = delete;
-  Buffer &operator=(const Buffer &) = delete;
-  pkv_memory memory() const { return !e.dev ? PKV_MEMORY_HOST : device ? PKV_MEMORY_DEVICE : PKV_MEMORY_HOST_PINNED; }
-};
-
-// The median time of `iters` calls of fn (after one warm-up), each timed on the bench's stream on a
-// GPU, by the clock around fn and a synchronize on the CPU.
-template <class Fn> double time_us(Env &e, uint32_t iters, Fn fn) {
-  std::vector<double> t;
-  for (uint32_t i = 0; i <= iters; i++) {
-    double us;
-    if (e.dev) {
-      e.dev->start();
-      fn();
-      us = e.dev->stop_us();
-    } else {
-      auto t0 = Clock::now();
-      fn();
-      check(pkv_context_synchronize(e.ctx), "pkv_context_synchronize");
-      us = us_since(t0);
-    }
-    if (i > 0) t.push_back(us);
-  }
-  return median(t);
-}
 
 } // namespace
 
@@ -105,11 +60,7 @@ TransferResult measure_transfer(Env &e, const TransferItem &it, const Formats &f
     pool.close();
     // The plain copy: the same bytes between device memory and the image's memory, in the same
     // direction (on the CPU, one host buffer into another).
-    r.copy_us = time_us(e, iters, [&] {
-      if (!e.dev) std::memcpy(it.to_image ? image.ptr : plain.ptr, it.to_image ? plain.ptr : image.ptr, r.bytes);
-      else if (it.to_image) e.dev->copy(image.ptr, plain.ptr, r.bytes, it.device ? BenchDevice::kDeviceToDevice : BenchDevice::kDeviceToHost);
-      else e.dev->copy(plain.ptr, image.ptr, r.bytes, it.device ? BenchDevice::kDeviceToDevice : BenchDevice::kHostToDevice);
-    });
+    r.copy_us = it.to_image ? plain_copy_us(e, image, plain, r.bytes, iters) : plain_copy_us(e, plain, image, r.bytes, iters);
     r.gbs = r.bytes / r.us / 1e3;
     r.copy_gbs = r.bytes / r.copy_us / 1e3;
     r.pct = 100.0 * r.gbs / r.copy_gbs;
