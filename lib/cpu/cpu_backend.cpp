@@ -29,8 +29,18 @@ namespace pkv {
 namespace {
 
 constexpr uint32_t kRowsPerItem = 64; // rows one scatter/gather work item converts
+constexpr uint32_t kScatterAhead = 4;  // a scatter asks for the lines of the row this far ahead
 constexpr uint64_t kImageBytesPerItem = 1 << 20; // payload one export/import work item copies
 constexpr uint32_t kPlanWorkers = 32;             // the threads a decode plan is cut for
+
+// Asks for the lines a row of `head` at `slot` will be written to: a step's rows go to as many
+// pages, mostly out of the caches, and each row's stores would otherwise wait for its lines in turn
+// (docs/perf/decisions.md).
+void prefetch_for_write(const PlaneLayout &l, uint8_t *part, uint32_t head, uint32_t slot) {
+  const uint8_t *row = part + l.data_at(head, slot);
+  for (uint32_t o = 0; o < l.row_data_bytes; o += 64) __builtin_prefetch(row + o, 1, 3);
+  if (l.row_scale_bytes) __builtin_prefetch(part + l.scale_at(head, slot), 1, 3);
+}
 
 // Asks Linux for 2 MB pages over the whole 2 MB spans of a fresh allocation (where transparent huge
 // pages are on only for memory that asks): a decode reads a pool's pages in table order, a few KB a
@@ -100,6 +110,13 @@ class CpuBackend final : public Backend {
   void scatter(const PoolGeometry &g, const ScatterArgs &a) override {
     apply(g, a.table);
     for_rows(g, a, [&](uint32_t r, float *row, size_t stride) {
+      if (r + kScatterAhead < a.rows) {
+        const RowSlot ahead = a.slots[r + kScatterAhead];
+        for (uint32_t h = 0; h < g.kv_heads; h++) {
+          prefetch_for_write(g.k, host(g.k_part(a.layer, ahead.page)), h, ahead.slot);
+          prefetch_for_write(g.v, host(g.v_part(a.layer, ahead.page)), h, ahead.slot);
+        }
+      }
       for (uint32_t h = 0; h < g.kv_heads; h++) {
         const RowSlot at = a.slots[r];
         load_io(a.format, static_cast<const uint8_t *>(a.k) + stride * (size_t(r) * g.kv_heads + h), g.head_dim, row);
