@@ -4,22 +4,62 @@
 #include <cstring>
 #include <mutex>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace pkv {
 namespace gpu {
+
+namespace {
+
+// Copies into pinned memory by non-temporal stores where the processor has them (SSE2: every x86-64
+// one): the host never reads the staged bytes back, and a streaming store does not first read each
+// cache line it fills. The caller fences (stream_fence) before the device may read them. Only for
+// uploads of kStreamUpload or more: a smaller one was mostly written by the caller just before, and
+// a plain copy from the caches outruns the streaming stores to memory.
+void stream_copy(uint8_t *dst, const uint8_t *src, size_t n) {
+#if defined(__x86_64__)
+  const size_t head = std::min(n, size_t(-reinterpret_cast<uintptr_t>(dst) & 15));
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64)
+    for (size_t j = 0; j < 64; j += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i + j),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i + j)));
+  for (; i + 16 <= n; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i)));
+  std::memcpy(dst + i, src + i, n - i);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+void stream_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+} // namespace
 
 // The bytes of [begin, begin + bytes) between pieces are zeroed, so an upload sends the same bytes on
 // every run, nothing left in the pinned buffer by an earlier one.
 void Upload::copy_range(uint8_t *dst, uint64_t begin, uint64_t bytes) const {
+  const bool streaming = total_ >= kStreamUpload;
   const uint64_t end = begin + bytes;
   uint64_t done = begin; // [begin, done) is written
   for (const Piece &p : pieces_) {
     const uint64_t from = std::max(p.offset, begin), to = std::min(p.offset + p.bytes, end);
     if (from >= to) continue;
     if (from > done) std::memset(dst + (done - begin), 0, size_t(from - done));
-    std::memcpy(dst + (from - begin), static_cast<const uint8_t *>(p.src) + (from - p.offset), size_t(to - from));
+    const uint8_t *src = static_cast<const uint8_t *>(p.src) + (from - p.offset);
+    if (streaming) stream_copy(dst + (from - begin), src, size_t(to - from));
+    else std::memcpy(dst + (from - begin), src, size_t(to - from));
     done = std::max(done, to);
   }
   if (end > done) std::memset(dst + (done - begin), 0, size_t(end - done));
+  if (streaming) stream_fence();
 }
 
 void Staging::start() {
@@ -117,16 +157,18 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
     dst = device_stage_.ptr;
   }
   auto *buf = static_cast<uint8_t *>(h.buffer.ptr);
-  const uint64_t chunks = (up.total() + kSendChunk - 1) / kSendChunk;
-  auto at = [](uint64_t c) { return c * kSendChunk; };
-  auto bytes = [&](uint64_t c) { return std::min(kSendChunk, up.total() - at(c)); };
+  WorkerPool *pool = up.total() > kMinSendChunk ? packers() : nullptr;
+  const uint64_t share = (up.total() + pack_threads_ - 1) / pack_threads_;
+  const uint64_t chunk = pool ? std::clamp((share + 4095) & ~uint64_t(4095), kMinSendChunk, kSendChunk) : kSendChunk;
+  const uint64_t chunks = (up.total() + chunk - 1) / chunk;
+  auto at = [&](uint64_t c) { return c * chunk; };
+  auto bytes = [&](uint64_t c) { return std::min(chunk, up.total() - at(c)); };
   auto pack = [&](uint64_t c) { up.copy_range(buf + at(c), at(c), bytes(c)); };
   auto queue = [&](uint64_t c) {
     rt_.check(rt_.dev->copy_to_device(dst + at(c), buf + at(c), size_t(bytes(c)), rt_.stream));
   };
   unsettled_ = true;
-  WorkerPool *pool = chunks > 1 ? packers() : nullptr;
-  if (pool) {
+  if (pool && chunks > 1) {
     std::mutex queue_mu;
     pool->run(uint32_t(chunks), [&](uint32_t c, uint32_t) {
       pack(c);

@@ -18,8 +18,13 @@ namespace gpu {
 inline uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
 
 // The piece of an upload packed into pinned memory before its transfer is queued: small enough that
-// the device starts copying soon, large enough that the transfers' driver calls stay few.
+// the device starts copying soon, large enough that the transfers' driver calls stay few. An upload
+// of less than a chunk a packing thread is cut into one piece a thread (kMinSendChunk at least), so
+// that all of them pack it.
 constexpr uint64_t kSendChunk = 1ull << 20;
+constexpr uint64_t kMinSendChunk = 64ull << 10;
+// Uploads of at least this many bytes are packed by non-temporal stores (staging.cpp).
+constexpr uint64_t kStreamUpload = 4ull << 20;
 // Uploads of at most kSmallUpload bytes (a decode's plan and page-table changes, q from host memory
 // for a step) take turns through kSmallStages pinned buffers of that size, so that a caller whose
 // stream runs a few calls behind is not held to the device's pace by each upload (a new plan each

@@ -228,8 +228,9 @@ std::vector<uint8_t> random_bytes(tu_rng *rng, size_t n) {
 }
 
 // An upload of pieces with gaps between them (some pieces empty, some crossing kSendChunk
-// boundaries), read back in random windows: each window holds the pieces' bytes where they were
-// placed and zeros between them, as a layout built here says.
+// boundaries; every other upload of kStreamUpload bytes or more, packed by streaming stores), read
+// back in random windows: each window holds the pieces' bytes where they were placed and zeros
+// between them, as a layout built here says.
 void upload_ranges(void **) {
   tu_rng rng = tu_rng_make(tu_seed());
   for (int round = 0; round < 20; round++) {
@@ -238,7 +239,8 @@ void upload_ranges(void **) {
     std::vector<uint8_t> want;
     const int n = 1 + int(tu_below(&rng, 6));
     for (int i = 0; i < n; i++) {
-      const size_t bytes = tu_below(&rng, 4) == 0 ? 0 : 1 + tu_below(&rng, uint32_t(gpu::kSendChunk + 1000));
+      size_t bytes = tu_below(&rng, 4) == 0 ? 0 : 1 + tu_below(&rng, uint32_t(gpu::kSendChunk + 1000));
+      if (round % 2 && i == 0) bytes = gpu::kStreamUpload + tu_below(&rng, 1000);
       pieces.push_back(random_bytes(&rng, bytes));
       uint64_t at;
       if (tu_below(&rng, 2)) {
@@ -263,12 +265,12 @@ void upload_ranges(void **) {
   }
 }
 
-// A write of several chunks (and a last part of one) lands whole, byte for byte, where it was sent,
-// packed by the calling thread alone and by several.
-void write_lands_whole(uint32_t threads) {
+// A write lands whole, byte for byte, where it was sent, packed by the calling thread alone and by
+// several: one of several chunks (and a last part of one; packed by streaming stores), and one of
+// less than a chunk a thread.
+void write_lands_whole(uint32_t threads, uint64_t bytes) {
   Setup s = make_setup(nullptr, 8, 128, PKV_FORMAT_F16, threads);
   tu_rng rng = tu_rng_make(tu_seed());
-  const uint64_t bytes = 3 * gpu::kSendChunk + 16 * (1 + tu_below(&rng, 1000));
   const DevPtr dst = s.backend->alloc(bytes);
   const std::vector<uint8_t> src = random_bytes(&rng, size_t(bytes));
   try {
@@ -281,7 +283,11 @@ void write_lands_whole(uint32_t threads) {
   s.backend->release(dst);
 }
 void large_write_lands_whole(void **) {
-  for (uint32_t threads : {1, 3}) write_lands_whole(threads);
+  tu_rng rng = tu_rng_make(tu_seed() + 1);
+  for (uint32_t threads : {1, 3}) {
+    write_lands_whole(threads, gpu::kStreamUpload + 16 * (1 + tu_below(&rng, 1000)));
+    write_lands_whole(threads, gpu::kSmallUpload + 1 + tu_below(&rng, uint32_t(gpu::kSendChunk)));
+  }
 }
 
 } // namespace
