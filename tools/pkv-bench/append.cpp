@@ -10,12 +10,26 @@
 
 namespace bench {
 
-AppendResult measure_append(Env &e, pkv_format fmt, bool prefill) {
+std::vector<AppendItem> append_items() {
+  std::vector<AppendItem> items;
+  for (pkv_format f : {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0,
+                       PKV_FORMAT_FP8_E4M3})
+    for (bool prefill : {false, true}) items.push_back({f, prefill});
+  return items;
+}
+
+std::string append_id(const AppendItem &it) {
+  return strf("append-%s/%s/%s", it.prefill ? "prefill4K" : "step128", kShapes[0].name, pkv_format_name(it.fmt));
+}
+
+AppendResult measure_append(Env &e, const AppendItem &it) {
   const Shape &s = kShapes[0];
+  const pkv_format fmt = it.fmt;
+  const bool prefill = it.prefill;
   AppendResult r;
   r.fmt = fmt;
   r.rows = prefill ? 4096 : 128;
-  r.id = strf("append-%s/%s/%s", prefill ? "prefill4K" : "step128", s.name, pkv_format_name(fmt));
+  r.id = append_id(it);
   uint32_t nseq = prefill ? 1 : 128, steps = prefill ? std::max<uint32_t>(10, e.iters / 2) : 4 * e.iters;
   uint32_t warm = prefill ? 2 : 10;
   size_t row_vals = (size_t)s.hkv * s.d;

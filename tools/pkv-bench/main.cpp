@@ -149,13 +149,9 @@ int main(int argc, char **argv) {
   std::vector<Workload> all = expand(full ? full_matrix() : cpu_matrix()), run;
   for (const Workload &w : all)
     if (filter.empty() || w.id.find(filter) != std::string::npos) run.push_back(w);
-  std::vector<std::pair<pkv_format, bool>> appends;
-  for (pkv_format f : {PKV_FORMAT_F32, PKV_FORMAT_F16, PKV_FORMAT_BF16, PKV_FORMAT_Q8_0, PKV_FORMAT_Q4_0,
-                       PKV_FORMAT_FP8_E4M3})
-    for (bool prefill : {false, true}) {
-      std::string id = strf("append-%s/%s/%s", prefill ? "prefill4K" : "step128", kShapes[0].name, pkv_format_name(f));
-      if (filter.empty() || id.find(filter) != std::string::npos) appends.push_back({f, prefill});
-    }
+  std::vector<AppendItem> appends;
+  for (const AppendItem &a : append_items())
+    if (filter.empty() || append_id(a).find(filter) != std::string::npos) appends.push_back(a);
   // Sequence images: F16 and Q4_0 pages, every direction and memory.
   const uint32_t image_tokens = full ? 32768 : 4096;
   std::vector<std::pair<const TransferItem *, const Formats *>> transfers;
@@ -196,8 +192,7 @@ int main(int argc, char **argv) {
   }
   if (list) {
     for (const Workload &w : run) std::printf("%s\n", w.id.c_str());
-    for (auto &a : appends)
-      std::printf("append-%s/%s/%s\n", a.second ? "prefill4K" : "step128", kShapes[0].name, pkv_format_name(a.first));
+    for (const AppendItem &a : appends) std::printf("%s\n", append_id(a).c_str());
     for (const OverheadItem &it : kOverhead)
       if (filter.empty() || std::strstr(it.id, filter.c_str())) std::printf("%s\n", it.id);
     for (auto &t : transfers)
@@ -273,7 +268,7 @@ int main(int argc, char **argv) {
   std::vector<AppendResult> app;
   if (!appends.empty()) print_append_header();
   for (auto &a : appends) {
-    app.push_back(measure_append(e, a.first, a.second));
+    app.push_back(measure_append(e, a));
     print_append_row(app.back());
     write_json(json_path.c_str(), e, m, dec, app, {}, {}, {});
   }

@@ -29,6 +29,14 @@ DecodeResult measure_decode(Env &e, const Workload &w);
 // Append throughput: 1 token to each of 128 sequences per step, and a 4K-token prefill chunk into
 // one sequence; host F16 source, gqa4-d128, pkv_write (+ synchronize) timed.
 
+struct AppendItem {
+  pkv_format fmt;
+  bool prefill;
+};
+// The rows in run order, and each one's id (append-step128/gqa4-d128/f16, ...).
+std::vector<AppendItem> append_items();
+std::string append_id(const AppendItem &it);
+
 struct AppendResult {
   std::string id, status = "ok", reason;
   pkv_format fmt = PKV_FORMAT_INVALID;
@@ -37,7 +45,7 @@ struct AppendResult {
   double copy_us = 0, copy_gbs = 0; // the plain copy of the source's bytes into device memory
 };
 
-AppendResult measure_append(Env &e, pkv_format fmt, bool prefill);
+AppendResult measure_append(Env &e, const AppendItem &it);
 
 // ---------------------------------------------------------------------------------------------
 // Host overhead: ns per pool operation, us per decode call on a tiny batch (1 sequence, 16 tokens).

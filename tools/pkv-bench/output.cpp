@@ -67,16 +67,16 @@ void print_left_to_full(const std::vector<Workload> &run, const std::string &fil
 }
 
 void print_append_header() {
-  std::printf("\n%-34s %6s %10s %12s %10s %10s %10s %8s  %s\n", "append (host f16 source)", "rows", "time us", "rows/s",
+  std::printf("\n%-38s %6s %10s %12s %10s %10s %10s %8s  %s\n", "append (host f16 source)", "rows", "time us", "rows/s",
               "src GB/s", "page GB/s", "copy GB/s", "% copy", "(copy: the source's bytes into device memory)");
 }
 
 void print_append_row(const AppendResult &r) {
   if (r.status == "ok")
-    std::printf("%-34s %6u %10.1f %12.0f %10.2f %10.2f %10.2f %8.1f\n", r.id.c_str(), r.rows, r.us, r.rows_per_s,
+    std::printf("%-38s %6u %10.1f %12.0f %10.2f %10.2f %10.2f %8.1f\n", r.id.c_str(), r.rows, r.us, r.rows_per_s,
                 r.src_gbs, r.page_gbs, r.copy_gbs, 100.0 * r.src_gbs / r.copy_gbs);
   else
-    std::printf("%-34s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
+    std::printf("%-38s %s: %s\n", r.id.c_str(), r.status.c_str(), r.reason.c_str());
   std::fflush(stdout);
 }
 
