@@ -38,7 +38,9 @@ void rt_round_trip(const pkv_api *api) {
   pkv_context *ctx = NULL;
   CHECK_OK_IN(api, api->context_create(&cd, &ctx));
 
-  pkv_pool_desc pd = pu_desc(LAYERS, kv_heads, head_dim, 1u << (1 + tu_below(&rng, 4)), 64, 8, kf, vf);
+  /* Pages for every sequence at its longest, whatever the page size (2 of them: 78 pages). */
+  const uint32_t page_size = 1u << (1 + tu_below(&rng, 4)), pages = SEQS * (MAX_LEN / page_size + 2);
+  pkv_pool_desc pd = pu_desc(LAYERS, kv_heads, head_dim, page_size, pages, 8, kf, vf);
   pd.page_order_seed = 1 + tu_below(&rng, 1000);
   pkv_pool *pool = NULL;
   CHECK_OK_IN(api, api->pool_create(ctx, &pd, &pool));
