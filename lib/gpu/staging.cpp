@@ -1,6 +1,7 @@
 #include "staging.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 
@@ -144,10 +145,10 @@ Staging::HostStage &Staging::take_stage(uint64_t bytes) {
   return h;
 }
 
-// The upload is packed a chunk at a time, each chunk's transfer queued as soon as it is packed, so the
-// device copies while the host packs on. An upload of several chunks is packed by the pack threads,
-// each queuing the chunks it packed: chunks land in any order, all before the work queued after the
-// call.
+// The upload is packed a chunk at a time, each chunk's transfer queued once it and the chunks before
+// it are packed, so the device copies while the host packs on. An upload of several chunks is packed
+// by the pack threads, each queuing the chunks it packed, in chunk order, all before the work queued
+// after the call.
 DevPtr Staging::send(const Upload &up, DevPtr dst) {
   if (up.total() == 0) return 0;
   settle();
@@ -157,7 +158,7 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
     dst = device_stage_.ptr;
   }
   auto *buf = static_cast<uint8_t *>(h.buffer.ptr);
-  WorkerPool *pool = up.total() > kMinSendChunk ? packers() : nullptr;
+  WorkerPool *pool = up.total() >= 2 * kMinSendChunk ? packers() : nullptr;
   const uint64_t share = (up.total() + pack_threads_ - 1) / pack_threads_;
   const uint64_t chunk = pool ? std::clamp((share + 4095) & ~uint64_t(4095), kMinSendChunk, kSendChunk) : kSendChunk;
   const uint64_t chunks = (up.total() + chunk - 1) / chunk;
@@ -169,12 +170,28 @@ DevPtr Staging::send(const Upload &up, DevPtr dst) {
   };
   unsettled_ = true;
   if (pool && chunks > 1) {
+    // Chunks are queued in order (the pool hands them out in order, so a thread waits only for
+    // chunks taken before its own): an upload makes the same transfer calls every time. A failed
+    // queue releases the waiting threads; the pool rethrows its error.
     std::mutex queue_mu;
+    std::condition_variable queued_cv;
+    uint64_t queued = 0;
+    bool failed = false;
     pool->run(uint32_t(chunks), [&](uint32_t c, uint32_t) {
       pack(c);
-      const std::lock_guard<std::mutex> lock(queue_mu);
-      Current current(rt_); // a pack thread's own: the device made current on it
-      queue(c);
+      std::unique_lock<std::mutex> lock(queue_mu);
+      queued_cv.wait(lock, [&] { return queued == c || failed; });
+      if (failed) return;
+      try {
+        Current current(rt_); // a pack thread's own: the device made current on it
+        queue(c);
+      } catch (...) {
+        failed = true;
+        queued_cv.notify_all();
+        throw;
+      }
+      queued++;
+      queued_cv.notify_all();
     });
   } else {
     for (uint64_t c = 0; c < chunks; c++) pack(c), queue(c);

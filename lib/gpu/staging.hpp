@@ -19,8 +19,8 @@ inline uint64_t align16(uint64_t n) { return (n + 15) & ~uint64_t(15); }
 
 // The piece of an upload packed into pinned memory before its transfer is queued: small enough that
 // the device starts copying soon, large enough that the transfers' driver calls stay few. An upload
-// of less than a chunk a packing thread is cut into one piece a thread (kMinSendChunk at least), so
-// that all of them pack it.
+// of less than a chunk a packing thread is cut into one piece a thread (kMinSendChunk at least, and
+// only from two of them), so that all of them pack it.
 constexpr uint64_t kSendChunk = 1ull << 20;
 constexpr uint64_t kMinSendChunk = 64ull << 10;
 // Uploads of at least this many bytes are packed by non-temporal stores (staging.cpp).

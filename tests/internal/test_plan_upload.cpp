@@ -9,6 +9,7 @@
 // would insist. Also the uploads themselves: an upload's pieces packed in ranges, and a write larger
 // than a staging chunk landing whole. Runs without a GPU.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -48,9 +49,10 @@ struct Setup {
 
 // A backend on a fresh stand-in device, with the decode kernel family PKV_KERNEL_FAMILY names, and
 // a pool geometry of one page whose plan buffer is the backend's size for it; `threads` pack uploads.
-Setup make_setup(const char *family, uint32_t kv_heads, uint32_t head_dim, pkv_format format, uint32_t threads = 0) {
+Setup make_setup(const char *family, uint32_t kv_heads, uint32_t head_dim, pkv_format format, uint32_t threads = 0,
+                 FakeLedger *ledger = nullptr) {
   tu_set_env("PKV_KERNEL_FAMILY", family);
-  auto device = std::make_unique<FakeDevice>();
+  auto device = std::make_unique<FakeDevice>(ledger);
   Setup s;
   s.device = device.get();
   try {
@@ -267,19 +269,30 @@ void upload_ranges(void **) {
 
 // A write lands whole, byte for byte, where it was sent, packed by the calling thread alone and by
 // several: one of several chunks (and a last part of one; packed by streaming stores), and one of
-// less than a chunk a thread.
+// less than a chunk a thread. Its pieces are queued in order, whichever thread packed them.
 void write_lands_whole(uint32_t threads, uint64_t bytes) {
-  Setup s = make_setup(nullptr, 8, 128, PKV_FORMAT_F16, threads);
+  FakeLedger ledger;
+  Setup s = make_setup(nullptr, 8, 128, PKV_FORMAT_F16, threads, &ledger);
   tu_rng rng = tu_rng_make(tu_seed());
   const DevPtr dst = s.backend->alloc(bytes);
   const std::vector<uint8_t> src = random_bytes(&rng, size_t(bytes));
+  ledger.recording = true;
   try {
     s.backend->write_device(dst, src.data(), bytes);
     s.backend->synchronize();
   } catch (const Error &e) {
     fail_msg("the write: %s", e.message.c_str());
   }
+  ledger.recording = false;
   assert_memory_equal(s.device->at(dst, bytes), src.data(), bytes);
+  unsigned long long end = 0; // where the copies so far end
+  for (const FakeString &w : ledger.writes) {
+    unsigned long long at = 0, n = 0;
+    assert_int_equal(std::sscanf(w.c_str(), "copy to %llu: %llu bytes", &at, &n), 2);
+    if (at != end) fail_msg("with %u threads a copy to %llu followed copies ending at %llu", threads, at, end);
+    end = at + n;
+  }
+  assert_int_equal(end, bytes);
   s.backend->release(dst);
 }
 void large_write_lands_whole(void **) {
