@@ -67,7 +67,7 @@ AppendResult measure_append(Env &e, const AppendItem &it) {
     const size_t src_bytes = r.rows * row_vals * 2 * 2; // K and V, 2 bytes a value
     Buffer src(e, false, src_bytes), dst(e, true, src_bytes);
     std::memcpy(src.ptr, e.bank.data(), std::min(src_bytes, e.bank.size() * 2));
-    r.copy_us = plain_copy_us(e, dst, src, src_bytes, std::max<uint32_t>(10, e.iters));
+    r.copy_us = plain_copy_us(e, dst, src, std::max<uint32_t>(10, e.iters));
     r.us = median(t);
     r.rows_per_s = r.rows / (r.us * 1e-6);
     r.src_gbs = double(src_bytes) / r.us / 1e3;

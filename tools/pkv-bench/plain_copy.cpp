@@ -17,7 +17,8 @@ Buffer::~Buffer() {
   if (e.dev) device ? e.dev->release(ptr) : e.dev->release_pinned(ptr);
 }
 
-double plain_copy_us(Env &e, const Buffer &dst, const Buffer &src, size_t bytes, uint32_t iters) {
+double plain_copy_us(Env &e, const Buffer &dst, const Buffer &src, uint32_t iters) {
+  const size_t bytes = src.bytes;
   const BenchDevice::Direction d = src.device ? (dst.device ? BenchDevice::kDeviceToDevice : BenchDevice::kDeviceToHost)
                                               : BenchDevice::kHostToDevice;
   return time_us(e, iters, [&] {

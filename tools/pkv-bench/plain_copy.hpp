@@ -42,8 +42,8 @@ template <class Fn> double time_us(Env &e, uint32_t iters, Fn fn) {
   return median(t);
 }
 
-// time_us of copying `bytes` from src into dst in one call: the device's copy on a GPU, memcpy on
-// the CPU.
-double plain_copy_us(Env &e, const Buffer &dst, const Buffer &src, size_t bytes, uint32_t iters);
+// time_us of copying src into dst (as many bytes as src holds) in one call: the device's copy on a
+// GPU, memcpy on the CPU.
+double plain_copy_us(Env &e, const Buffer &dst, const Buffer &src, uint32_t iters);
 
 } // namespace bench

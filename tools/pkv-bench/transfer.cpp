@@ -60,7 +60,7 @@ TransferResult measure_transfer(Env &e, const TransferItem &it, const Formats &f
     pool.close();
     // The plain copy: the same bytes between device memory and the image's memory, in the same
     // direction (on the CPU, one host buffer into another).
-    r.copy_us = it.to_image ? plain_copy_us(e, image, plain, r.bytes, iters) : plain_copy_us(e, plain, image, r.bytes, iters);
+    r.copy_us = it.to_image ? plain_copy_us(e, image, plain, iters) : plain_copy_us(e, plain, image, iters);
     r.gbs = r.bytes / r.us / 1e3;
     r.copy_gbs = r.bytes / r.copy_us / 1e3;
     r.pct = 100.0 * r.gbs / r.copy_gbs;
